@@ -1,0 +1,38 @@
+# Two commands for a newcomer: `make demo` (the CPU lab) and `make test` (the test suite).
+# Both create .venv on first use and install pinned dependencies (constraints.txt pins torch==2.13.0, CPU build).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+OUT ?= runs/lab
+# One thread per process: the suite and the lab are faster and steadier that way on a loaded 2-core machine.
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: help venv test demo bench lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[lab,recipe,test]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv with pinned dependencies
+
+test: $(STAMP)  ## run the test suite
+	$(PY) -m pytest -q
+
+demo: $(STAMP)  ## run the CPU lab comparison; report and plots in $(OUT)
+	$(PY) -m mismatch_ctrl lab --out $(OUT)
+
+bench: $(STAMP)  ## time the core against a Python loop and one elementwise pass
+	$(PY) benchmarks/bench_core.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check mismatch_ctrl tests benchmarks recipes
+
+clean:  ## remove the virtual environment and run outputs
+	rm -rf $(VENV) runs

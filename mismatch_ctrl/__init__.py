@@ -1,0 +1,1 @@
+"""mismatch_ctrl."""

@@ -1,0 +1,267 @@
+"""The one validated configuration: the ``mismatch_ctrl:`` key of the YAML passed with ``--custom-config-path``.
+
+Layers, later wins: schema defaults < ``configs/arch/<architecture>.yaml`` < the user's YAML. The architecture comes
+from ``mismatch_ctrl.architecture`` (``dense`` / ``moe``), else from the caller (Megatron's ``num_experts`` or a
+Hugging Face ``config.json``). Unknown keys, wrong types and impossible values raise :class:`ConfigError` naming the
+key and the fix. Floats written ``1e-4`` (which PyYAML reads as a string) are accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+
+from .acrl import ACRLSettings
+from .batch import NonFinitePolicy
+from .correction import CorrectionSpec
+from .dcgrpo import DCGRPOSettings
+from .errors import ConfigError
+from .lr_schedule import LengthDecaySettings
+from .presets import FIELD_ALIASES, PRESETS, canonical_preset
+
+ROOT_KEY = "mismatch_ctrl"
+Architecture = Literal["dense", "moe"]
+ARCHITECTURES: tuple[str, ...] = typing.get_args(Architecture)
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+"""``config.json`` keys that give the number of routed experts (Qwen3-MoE, Mixtral, DeepSeek, others)."""
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """The ``state:`` section: controller state files in ``{args.save}/mismatch_ctrl/``. ``resume: fresh`` starts
+    the controllers from their initial values when a resumed checkpoint has no state file (default: an error)."""
+
+    keep_last: int = 3
+    resume: Literal["require", "fresh"] = "require"
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [("keep_last", f"must be >= 1, got {self.keep_last}")] if self.keep_last < 1 else []
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved configuration every adapter reads. ``correction`` is the preset expanded with overrides."""
+
+    name: str = "custom"
+    architecture: Architecture | None = None
+    nonfinite: NonFinitePolicy = "mask"
+    dcgrpo: DCGRPOSettings = field(default_factory=DCGRPOSettings)
+    correction_preset: str = "none"
+    correction: CorrectionSpec = field(default_factory=CorrectionSpec)
+    lr_decay: LengthDecaySettings = field(default_factory=LengthDecaySettings)
+    acrl: ACRLSettings = field(default_factory=ACRLSettings)
+    state: StateSettings = field(default_factory=StateSettings)
+
+    @property
+    def needs_train_log_probs(self) -> bool:
+        """Whether the advantage hook needs the training engine's log-probs (slime's ``log_probs``)."""
+        return self.dcgrpo.enabled or self.acrl.enabled
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain nested dict of every resolved setting (for logs and ``mismatch-ctrl check-config``)."""
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {"dcgrpo": DCGRPOSettings, "lr_decay": LengthDecaySettings, "acrl": ACRLSettings,
+                             "state": StateSettings}
+TOP_LEVEL_KEYS = ("name", "architecture", "nonfinite", "correction", *SECTIONS)
+
+
+def load_config(path: str | Path, **resolve: Any) -> Config:
+    """Read a YAML file with a top-level ``mismatch_ctrl:`` key and build the :class:`Config` (see :func:`build_config`)."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(document, dict) or ROOT_KEY not in document:
+        raise ConfigError(f"{path}: no top-level '{ROOT_KEY}:' key; mismatch_ctrl reads only that key "
+                          f"(see configs/methods/ for examples)")
+    return build_config(document[ROOT_KEY], **resolve)
+
+
+def build_config(section: Mapping[str, Any] | None, *, architecture: str | None = None,
+                 num_experts: int | None = None, hf_config: str | Path | None = None) -> Config:
+    """Validate the ``mismatch_ctrl`` section and fill architecture defaults.
+
+    The architecture is ``section['architecture']`` if set, else ``architecture``, else MoE iff ``num_experts > 0``,
+    else read from the Hugging Face ``config.json`` at ``hf_config`` (a file or a model directory).
+    """
+    section = dict(section or {})
+    _reject_unknown(section, TOP_LEVEL_KEYS, ROOT_KEY)
+    arch = _coerce(Union[Architecture, Literal["auto"], None], section.get("architecture"), f"{ROOT_KEY}.architecture")
+    if arch in (None, "auto"):
+        arch = resolve_architecture(architecture=architecture, num_experts=num_experts, hf_config=hf_config)
+    if arch is not None:
+        section = _merge(arch_defaults(arch), section)
+    values: dict[str, Any] = {"architecture": arch}
+    for key, tp in (("name", str), ("nonfinite", NonFinitePolicy)):
+        if section.get(key) is not None:
+            values[key] = _coerce(tp, section[key], f"{ROOT_KEY}.{key}")
+    for key, cls in SECTIONS.items():
+        values[key] = _build(cls, section.get(key) or {}, f"{ROOT_KEY}.{key}")
+    values["correction_preset"], values["correction"] = _build_correction(section.get("correction") or {})
+    config = Config(**values)
+    _check_combination(config)
+    return config
+
+
+def resolve_architecture(*, architecture: str | None = None, num_experts: int | None = None,
+                         hf_config: str | Path | None = None) -> Architecture | None:
+    """``dense`` / ``moe`` from an explicit name, an expert count (> 0 is MoE) or a Hugging Face ``config.json``."""
+    if architecture is not None:
+        return _coerce(Architecture, architecture, "architecture")
+    if num_experts is not None:
+        return "moe" if int(num_experts) > 0 else "dense"
+    if hf_config is not None:
+        path = Path(hf_config)
+        path = path / "config.json" if path.is_dir() else path
+        try:
+            hf = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the Hugging Face config {path}: {exc}") from None
+        experts = next((hf[k] for k in EXPERT_COUNT_KEYS if isinstance(hf.get(k), int)), 0)
+        return "moe" if experts > 0 else "dense"
+    return None
+
+
+def arch_defaults(arch: str) -> dict[str, Any]:
+    """The ``mismatch_ctrl`` section of ``configs/arch/<arch>.yaml`` shipped with the package."""
+    text = resources.files("mismatch_ctrl").joinpath("configs", "arch", f"{arch}.yaml").read_text()
+    return yaml.safe_load(text)[ROOT_KEY]
+
+
+def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
+    path = f"{ROOT_KEY}.correction"
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {section!r}")
+    fields = dict(section)
+    preset = fields.pop("preset", "none") or "none"
+    try:
+        preset = canonical_preset(str(preset))
+    except KeyError:
+        raise ConfigError(f"{path}.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}") from None
+    for alias, canonical in FIELD_ALIASES.items():
+        if alias in fields:
+            if canonical in fields:
+                raise ConfigError(f"{path}.{alias}: duplicates {canonical}; keep one of them")
+            fields[canonical] = fields.pop(alias)
+    return preset, _build(CorrectionSpec, fields, path, base=PRESETS[preset], extra_keys=("preset", *FIELD_ALIASES))
+
+
+def _check_combination(config: Config) -> None:
+    d = config.dcgrpo
+    if d.enabled:
+        missing = [k for k in ("lambda_0", "eta", "eps", "lambda_max") if getattr(d, k) is None]
+        if missing:
+            raise ConfigError(
+                f"{ROOT_KEY}.architecture: DC-GRPO needs {', '.join(missing)}; they default per architecture, which "
+                "could not be resolved: set architecture: dense or moe (or give the values in the dcgrpo section)")
+    if config.acrl.enabled and config.correction.is_level is not None:
+        raise ConfigError(f"{ROOT_KEY}.acrl.enabled: ACRL sets the token IS weights itself; drop the IS stage of "
+                          f"correction (preset {config.correction_preset!r}) or disable acrl")
+    s = config.correction
+    if s.rs_level is not None and s.rs_low is None and s.rs_high is None:
+        raise ConfigError(f"{ROOT_KEY}.correction.rs_level: set rs_low and/or rs_high for the rejection band")
+    low, high = s.is_bounds
+    if s.is_level is not None and not (0 <= low < high):
+        raise ConfigError(f"{ROOT_KEY}.correction.is_low: need 0 <= is_low < is_high, got {low}, {high}")
+    if s.rs_low is not None and s.rs_high is not None and not s.rs_low < s.rs_high:
+        raise ConfigError(f"{ROOT_KEY}.correction.rs_low: need rs_low < rs_high, got {s.rs_low}, {s.rs_high}")
+    for key in ("veto", "rs_k3_max"):
+        if getattr(s, key) is not None and not getattr(s, key) > 0:
+            raise ConfigError(f"{ROOT_KEY}.correction.{key}: must be > 0 or null, got {getattr(s, key)}")
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge; ``None`` in ``override`` keeps the base value (``eps: null`` means "the default")."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        elif value is not None or key not in out:
+            out[key] = value
+    return out
+
+
+def _reject_unknown(data: Mapping[str, Any], known: tuple[str, ...], path: str) -> None:
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{path}.{key}: unknown key; {hint}valid keys: {', '.join(known)}")
+
+
+def _build(cls: type, data: Any, path: str, base: Any = None, extra_keys: tuple[str, ...] = ()) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    _reject_unknown(data, names + extra_keys, path)
+    values = {k: _coerce(hints[k], v, f"{path}.{k}") for k, v in data.items() if k in names}
+    obj = dataclasses.replace(base, **values) if base is not None else cls(**values)
+    for key, message in obj.problems() if hasattr(obj, "problems") else ():
+        raise ConfigError(f"{path}.{key}: {message}")
+    return obj
+
+
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", type(None): "null"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value if value is not None else {}, path)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, path)
+            except ConfigError:
+                continue
+    elif origin is Literal:
+        if value in args:
+            return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            if not math.isfinite(number):
+                raise ConfigError(f"{path}: must be a finite number, got {value!r}")
+            return float(number)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}")

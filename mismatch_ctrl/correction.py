@@ -1,0 +1,205 @@
+"""Rollout correction: importance-sampling weights and rejection (ALGORITHMS.md section 3; 003 Geo-MIS/Geo-RS).
+
+All ratios are ``rho = pi_train / mu_rollout``. The log-weight of a token depends on the level:
+
+- ``token``: ``l[t]``
+- ``sequence``: ``sum_t m l`` broadcast to the sequence
+- ``geometric``: ``sum_t m l / max(sum_t m, 1)`` broadcast (length-normalised: immune to the "length trap")
+
+Two stages, which may be combined (e.g. a Geo-RS filter plus token TIS weights):
+
+- **IS** (``is_*``): ``truncate`` ``w = min(rho, C_hi)`` (TIS); ``clip`` ``w = clamp(rho, C_lo, C_hi)``;
+  ``mask`` ``w = rho`` and tokens/sequences with ``rho`` outside ``[C_lo, C_hi]`` are rejected (MIS, IcePop).
+- **RS** (``rs_*``): reject tokens/sequences with ``rho`` outside ``[rs_low, rs_high]``; ``rs_k3_max`` rejects a
+  sequence whose mean K3 exceeds it; ``veto`` rejects a sequence with any token ``rho < veto``.
+
+``batch_normalize`` rescales kept weights to mean 1 over the micro-batch (token level: over tokens; sequence levels:
+over sequences) [ours: the batch is what one call sees]. Rejected tokens get weight 0 and leave the modified mask;
+the caller keeps them in the loss denominator (slime's convention), so an all-rejected batch contributes zero loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+from .batch import LOG_RATIO_BOUND, TokenBatch
+from .dist import Reducer, local_reduce
+from .metrics import SeqMetrics
+from .signals import k3
+
+Level = Literal["token", "sequence", "geometric"]
+Mode = Literal["truncate", "clip", "mask"]
+LEVELS: tuple[str, ...] = get_args(Level)
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+@dataclass(frozen=True)
+class CorrectionSpec:
+    """Explicit IS/RS settings; a preset (see :mod:`mismatch_ctrl.presets`) expands to one.
+
+    ``is_low`` defaults to ``1 / is_high`` in ``clip`` and ``mask`` modes (slime's mis.yaml convention).
+    """
+
+    is_level: Level | None = None
+    is_mode: Mode = "truncate"
+    is_low: float | None = None
+    is_high: float = 2.0
+    rs_level: Level | None = None
+    rs_low: float | None = None
+    rs_high: float | None = None
+    rs_k3_max: float | None = None
+    veto: float | None = None
+    batch_normalize: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.is_level is not None or self.rs_level is not None or self.rs_k3_max is not None or \
+            self.veto is not None
+
+    @property
+    def is_bounds(self) -> tuple[float, float]:
+        low = self.is_low if self.is_low is not None else (1.0 / self.is_high if self.is_mode != "truncate" else 0.0)
+        return low, self.is_high
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Result of :func:`apply_correction`: per-token ``weights`` (detached, 0 unless kept), the modified loss ``mask``
+    (original mask without rejected tokens) and per-sequence ``metrics``."""
+
+    weights: torch.Tensor
+    mask: torch.Tensor
+    metrics: SeqMetrics
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+def _outside(log_rho: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
+    """``rho`` outside ``[low, high]``, compared in log space (``rho = exp(log_rho)``)."""
+    out = torch.zeros_like(log_rho, dtype=torch.bool)
+    if low is not None:
+        out |= log_rho < _log(low)
+    if high is not None:
+        out |= log_rho > _log(high)
+    return out
+
+
+def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reducer = local_reduce) -> Correction:
+    """IS weights, rejection mask and metrics of ``spec`` on ``batch``; CP shards combine with ``seq_reduce``."""
+    seg, m, l = batch.segments, batch.mask, batch.log_ratio  # noqa: E741 - the paper's symbol
+    levels = {spec.is_level, spec.rs_level}
+    seq_level = bool(levels & {"sequence", "geometric"})
+
+    columns = [m]
+    if seq_level:
+        columns.append(l * m)
+    if spec.veto is not None:
+        columns.append((l < _log(spec.veto)).float().mul_(m))
+    if spec.rs_k3_max is not None:
+        columns.append(k3(l).mul_(m))
+    sums = seq_reduce(seg.sum(*columns), "sum")
+    count = sums[:, 0]
+    has_tokens = count > 0
+    col = 1
+    seq_log: dict[str, torch.Tensor] = {}
+    if seq_level:
+        seq_log["sequence"] = sums[:, col].clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        seq_log["geometric"] = sums[:, col] / count.clamp_min(1.0)
+        col += 1
+
+    rejected_seq = torch.zeros_like(has_tokens)
+    metrics = SeqMetrics(counts=count)
+    if spec.veto is not None:
+        vetoed = sums[:, col] > 0
+        col += 1
+        rejected_seq |= vetoed
+        metrics.mean["veto_seq_fraction"] = vetoed.float()
+        metrics.mean["catastrophic_token_fraction"] = sums[:, col - 1] / count.clamp_min(1.0)
+    if spec.rs_k3_max is not None:
+        k3_mean = sums[:, col] / count.clamp_min(1.0)
+        k3_rejected = k3_mean > spec.rs_k3_max
+        rejected_seq |= k3_rejected
+        metrics.mean["k3_rejected_seq_fraction"] = k3_rejected.float()
+
+    # Rejection by ratio bands: sequence-level decisions per sequence, token-level decisions per token.
+    is_low, is_high = spec.is_bounds
+    bands = []
+    if spec.rs_level is not None:
+        bands.append((spec.rs_level, spec.rs_low, spec.rs_high))
+    if spec.is_level is not None and spec.is_mode == "mask":
+        bands.append((spec.is_level, is_low, is_high))
+    rejected_tok = None
+    for level, low, high in bands:
+        if level == "token":
+            out = _outside(l, low, high)
+            rejected_tok = out if rejected_tok is None else rejected_tok | out
+        else:
+            out = _outside(seq_log[level], low, high)
+            rejected_seq |= out
+            metrics.mean[f"{level}_band_rejected_seq_fraction"] = out.float()
+
+    keep = m * seg.expand((~rejected_seq).float())
+    if rejected_tok is not None:
+        keep = keep * (~rejected_tok).float()
+
+    # IS weights.
+    token_is = spec.is_level == "token"
+    if spec.is_level is None:
+        weights = keep
+    elif token_is:
+        rho = torch.exp(l)
+        weights = _shape_weights(spec.is_mode, rho, is_low, is_high) * keep
+    else:
+        seq_rho = torch.exp(seq_log[spec.is_level])
+        seq_weights = _shape_weights(spec.is_mode, seq_rho, is_low, is_high)
+        weights = seg.expand(seq_weights) * keep
+        metrics.mean["is_ratio_mean"] = seq_rho
+        _bound_metrics(metrics, spec.is_mode, seq_rho.gt(is_high).float(), seq_rho.lt(is_low).float())
+
+    second = [keep, weights]
+    if token_is:
+        second += [rho * m, rho.gt(is_high).float().mul_(m), rho.lt(is_low).float().mul_(m)]
+    sums2 = seq_reduce(seg.sum(*second), "sum")
+    kept, weight_sum = sums2[:, 0], sums2[:, 1]
+    denom = count.clamp_min(1.0)
+    if token_is:
+        metrics.mean["is_ratio_mean"] = sums2[:, 2] / denom
+        _bound_metrics(metrics, spec.is_mode, sums2[:, 3] / denom, sums2[:, 4] / denom)
+
+    if spec.batch_normalize and spec.is_level is not None:
+        if token_is:
+            total_kept, total_weight = kept.sum(), weight_sum.sum()
+        else:
+            kept_seqs = (kept > 0).float()
+            total_kept, total_weight = kept_seqs.sum(), (seq_weights * kept_seqs).sum()
+        if float(total_kept) > 0 and float(total_weight) > 0:
+            scale = total_kept / total_weight
+            weights = weights * scale
+            weight_sum = weight_sum * scale
+
+    metrics.mean["is_weight_mean"] = weight_sum / denom
+    metrics.mean["rejected_token_fraction"] = 1.0 - kept / denom
+    metrics.mean["rejected_seq_fraction"] = (rejected_seq & has_tokens).float()
+    metrics.total["rejected_tokens"] = count - kept
+    return Correction(weights=weights.detach(), mask=keep.detach(), metrics=metrics)
+
+
+def _shape_weights(mode: str, rho: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    if mode == "truncate":
+        return rho.clamp(max=high)
+    if mode == "clip":
+        return rho.clamp(min=low, max=high)
+    return rho
+
+
+def _bound_metrics(metrics: SeqMetrics, mode: str, above: torch.Tensor, below: torch.Tensor) -> None:
+    if mode in ("truncate", "clip"):
+        metrics.mean["is_clip_high_fraction"] = above
+    if mode == "clip":
+        metrics.mean["is_clip_low_fraction"] = below

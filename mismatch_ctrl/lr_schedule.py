@@ -1,0 +1,205 @@
+"""Length-triggered learning-rate decay (ALGORITHMS.md section 4; paper 002, "Beyond Precision").
+
+Schedule, with t the training iteration (= rollout id, from 0):
+
+    lr_t = max(lr_0 * 0.5 ** k(t), lr_min),  lr_min = 0.1 lr_0,  k(t) = 0 before the first halving at h,
+    then 1 + floor((t - h) / T_d)
+
+``T_d`` is given (``period``), and then ``h = T_d``: halvings at T_d, 2 T_d, ... [paper]; or derived from the
+response-length surge, ``T_d = round(1.8 s)`` with ``s`` the surge onset [paper: 4B surge ~110 -> best T_d 204;
+8B surge ~90 -> 160]; then ``h = max(T_d, detection step)``: a surge detected after T_d has passed halves at once.
+
+Surge detector [ours; the paper gives no detection code]: ``L_t`` = mean response length of rollout t. Short mean
+``S_t`` = trimmed mean of the last ``w`` rollouts (drop the min and the max when w >= 5); baseline ``B`` = median of
+the ``W`` rollouts ending ``g`` rollouts earlier, frozen at the trigger. Trigger when ``S_t / B >= r`` and
+``S_t - B >= max(min_increase_tokens, min_increase_fraction * max_length)`` for ``m`` consecutive rollouts; onset
+``s`` = first rollout of that rise with ``S / B >= onset_ratio``. When truncation caps the ratio (``r B`` close to the
+maximum length) the threshold becomes ``max(min(r, 0.9 max_length / B), onset_ratio)``, logged as
+``surge_ratio_threshold``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+TRUNCATION_HEADROOM = 0.9
+"""Fraction of the maximum response length a mean length can plausibly reach (used to cap the trigger ratio)."""
+
+
+@dataclass(frozen=True)
+class SurgeSettings:
+    """The ``lr_decay.surge:`` section."""
+
+    short_window: int = 5
+    baseline_window: int = 20
+    gap: int = 10
+    ratio: float = 2.0
+    onset_ratio: float = 1.3
+    min_increase_tokens: float = 300.0
+    min_increase_fraction: float = 0.05
+    consecutive: int = 3
+    warmup: int = 0
+    period_multiplier: float = 1.8
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        for key in ("short_window", "baseline_window", "consecutive"):
+            if getattr(self, key) < 1:
+                out.append((key, f"must be >= 1, got {getattr(self, key)}"))
+        for key in ("gap", "warmup"):
+            if getattr(self, key) < 0:
+                out.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if not self.onset_ratio > 1:
+            out.append(("onset_ratio", f"must be > 1, got {self.onset_ratio}"))
+        if self.ratio < self.onset_ratio:
+            out.append(("ratio", f"must be >= onset_ratio ({self.onset_ratio}), got {self.ratio}"))
+        if not self.period_multiplier > 0:
+            out.append(("period_multiplier", f"must be > 0, got {self.period_multiplier}"))
+        return out
+
+
+@dataclass(frozen=True)
+class LengthDecaySettings:
+    """The ``lr_decay:`` section: ``period`` is a number of rollouts or ``auto`` (from the surge detector)."""
+
+    enabled: bool = False
+    period: int | Literal["auto"] = "auto"
+    factor: float = 0.5
+    min_scale: float = 0.1
+    surge: SurgeSettings = field(default_factory=SurgeSettings)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if isinstance(self.period, int) and self.period < 1:
+            out.append(("period", f"must be >= 1 rollout or 'auto', got {self.period}"))
+        if not 0 < self.factor < 1:
+            out.append(("factor", f"must be in (0, 1), got {self.factor}"))
+        if not 0 < self.min_scale <= 1:
+            out.append(("min_scale", f"must be in (0, 1], got {self.min_scale}"))
+        return out
+
+
+def decay_scale(step: int, period: int | None, first: int | None = None, factor: float = 0.5,
+                min_scale: float = 0.1) -> float:
+    """LR multiplier at ``step``: ``max(factor ** k, min_scale)`` with halvings at ``first, first + period, ...``.
+
+    ``first`` defaults to ``period``; ``period=None`` means no decay (1.0).
+    """
+    if period is None:
+        return 1.0
+    first = period if first is None else first
+    halvings = 0 if step < first else 1 + (step - first) // period
+    return max(factor ** halvings, min_scale)
+
+
+class SurgeDetector:
+    """Detects the response-length surge from one mean length per rollout; see the module docstring."""
+
+    def __init__(self, settings: SurgeSettings) -> None:
+        self.settings = settings
+        self.start: int | None = None
+        self.lengths: list[float] = []
+        self.short_means: list[float] = []
+        self.baseline: float | None = None
+        self.ratio: float | None = None
+        self.threshold: float = settings.ratio
+        self.streak = 0
+        self.onset: int | None = None
+        self.triggered_at: int | None = None
+
+    @property
+    def triggered(self) -> bool:
+        return self.triggered_at is not None
+
+    def _short_mean(self) -> float:
+        window = self.lengths[-self.settings.short_window:]
+        if len(window) >= 5:
+            window = sorted(window)[1:-1]
+        return sum(window) / len(window)
+
+    def update(self, step: int, mean_length: float, max_length: float | None = None) -> None:
+        """Observe the mean response length of rollout ``step`` (consecutive steps)."""
+        s = self.settings
+        if self.start is None:
+            self.start = step
+        self.lengths.append(float(mean_length))
+        self.short_means.append(self._short_mean())
+        i = len(self.lengths) - 1
+        if self.triggered:
+            self.ratio = self.short_means[-1] / self.baseline if self.baseline else None
+            return
+        end = i - s.gap
+        if end + 1 < s.baseline_window or i < s.warmup:
+            return
+        self.baseline = statistics.median(self.lengths[end + 1 - s.baseline_window:end + 1])
+        if self.baseline <= 0:
+            self.ratio = None
+            return
+        short = self.short_means[-1]
+        self.ratio = short / self.baseline
+        self.threshold = s.ratio
+        min_increase = s.min_increase_tokens
+        if max_length:
+            min_increase = max(min_increase, s.min_increase_fraction * max_length)
+            self.threshold = max(min(s.ratio, TRUNCATION_HEADROOM * max_length / self.baseline), s.onset_ratio)
+        rising = self.ratio >= self.threshold and short - self.baseline >= min_increase
+        self.streak = self.streak + 1 if rising else 0
+        if self.streak >= s.consecutive:
+            self.triggered_at = step
+            j = i
+            while j > 0 and self.short_means[j - 1] / self.baseline >= s.onset_ratio:
+                j -= 1
+            self.onset = self.start + j
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in
+                ("start", "lengths", "short_means", "baseline", "ratio", "threshold", "streak", "onset",
+                 "triggered_at")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            if key not in self.state_dict():
+                raise KeyError(f"unknown surge-detector state key {key!r}")
+            setattr(self, key, list(value) if isinstance(value, list) else value)
+
+
+class LengthTriggeredLR:
+    """The LR multiplier of the length-decay schedule, with the surge detector when ``period: auto``."""
+
+    def __init__(self, settings: LengthDecaySettings) -> None:
+        self.settings = settings
+        self.detector = SurgeDetector(settings.surge) if settings.period == "auto" else None
+
+    def observe(self, step: int, mean_length: float, max_length: float | None = None) -> None:
+        """Feed the mean response length of rollout ``step`` to the detector (no-op with a manual period)."""
+        if self.detector is not None:
+            self.detector.update(step, mean_length, max_length)
+
+    @property
+    def period(self) -> int | None:
+        """``T_d`` in rollouts, or None while no surge has been detected."""
+        if self.detector is None:
+            return int(self.settings.period)
+        if self.detector.onset is None:
+            return None
+        return max(1, round(self.settings.surge.period_multiplier * self.detector.onset))
+
+    def scale(self, step: int) -> float:
+        """The LR multiplier for the optimizer steps of rollout ``step``."""
+        period = self.period
+        if period is None:
+            return 1.0
+        first = period if self.detector is None else max(period, self.detector.triggered_at)
+        return decay_scale(step, period, first, self.settings.factor, self.settings.min_scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"detector": None if self.detector is None else self.detector.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["detector"] is None) != (self.detector is None):
+            raise ValueError("saved LR-decay state does not match lr_decay.period (manual vs auto); "
+                             "keep the period setting fixed across a resume")
+        if self.detector is not None:
+            self.detector.load_state_dict(state["detector"])

@@ -1,0 +1,76 @@
+"""Megatron process groups for the hooks (SLIME.md section 1), looked up at call time, never WORLD.
+
+- per-sample values (one copy per context-parallel rank): data-parallel group without CP;
+- pieces of the same sequences (CP shards): the context-parallel group;
+- token sums over all shards of all sequences: DP then CP (equivalently DP x CP).
+
+Without an initialised megatron (a single process such as the CPU lab) every reducer is the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..dist import Reducer, group_reducer, local_reduce
+
+
+def _parallel_state():
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
+        return None
+    return parallel_state
+
+
+@dataclass(frozen=True)
+class Topology:
+    """This rank's place in the parallel layout and the reducers the core needs."""
+
+    cp_size: int = 1
+    cp_rank: int = 0
+    pp_size: int = 1
+    is_last_stage: bool = True
+    is_main_rank: bool = True
+    seq_reduce: Reducer = local_reduce
+    batch_reduce: Reducer = local_reduce
+
+
+def topology() -> Topology:
+    """The current topology (identity reducers when megatron is not initialised)."""
+    ps = _parallel_state()
+    if ps is None:
+        return Topology()
+    cp_size = ps.get_context_parallel_world_size()
+    dp_size = ps.get_data_parallel_world_size(with_context_parallel=False)
+    pp_size = ps.get_pipeline_model_parallel_world_size()
+    is_last = ps.is_pipeline_last_stage()
+    return Topology(
+        cp_size=cp_size,
+        cp_rank=ps.get_context_parallel_rank(),
+        pp_size=pp_size,
+        is_last_stage=is_last,
+        is_main_rank=(ps.get_data_parallel_rank(with_context_parallel=True) == 0
+                      and ps.get_tensor_model_parallel_rank() == 0 and is_last),
+        seq_reduce=group_reducer(ps.get_context_parallel_group) if cp_size > 1 else local_reduce,
+        batch_reduce=(group_reducer(lambda: ps.get_data_parallel_group(with_context_parallel=False))
+                      if dp_size > 1 else local_reduce),
+    )
+
+
+def broadcast_from_last_stage(value: float) -> float:
+    """``value`` of the last pipeline stage, on every stage (identity without pipeline parallelism)."""
+    ps = _parallel_state()
+    if ps is None or ps.get_pipeline_model_parallel_world_size() == 1:
+        return value
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend(ps.get_pipeline_model_parallel_group()) == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+    return float(t.item())

@@ -1,0 +1,86 @@
+"""``--custom-advantage-function-path mismatch_ctrl.slime.hooks.advantages`` (SLIME.md section 1).
+
+slime calls it once per rollout, before any optimizer step, on every last-pipeline-stage rank, with DP-local samples
+and CP-local log-probs; it must set ``rollout_data["advantages"]`` and ``["returns"]`` (one CP-local tensor per
+sample). Extra list-valued keys of ``rollout_data`` are logged by slime as ``rollout/<key>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..errors import InputError
+from ._groups import topology
+from .layout import LocalLayout
+from .runtime import get_runtime
+
+METRIC_PREFIX = "mismatch_ctrl/"
+
+
+def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
+    """GRPO advantages (DC-GRPO-shaped if enabled), controller updates, metrics and state persistence."""
+    runtime = get_runtime(args)
+    config, controllers = runtime.config, runtime.controllers
+    topo = topology()
+    rollout_id = runtime.next_rollout
+    rewards = rollout_data["rewards"]
+    response_lengths = rollout_data["response_lengths"]
+    rollout_log_probs = rollout_data.get("rollout_log_probs")
+    if not rollout_log_probs and rewards:
+        raise InputError("rollout_data has no 'rollout_log_probs': mismatch_ctrl compares them with the training "
+                         "engine's; slime records them with its SGLang rollout (a custom generate function must set "
+                         "sample.rollout_log_probs)")
+    train_log_probs = rollout_data.get("log_probs")
+    layout = LocalLayout(rollout_data["total_lengths"], response_lengths, topo)
+    batch = None
+    if train_log_probs:
+        batch = layout.batch(train_log_probs, rollout_log_probs, rollout_data["loss_masks"], config.nonfinite)
+    elif config.needs_train_log_probs and rewards:
+        raise InputError(
+            "rollout_data has no 'log_probs' (the training engine's recompute), which DC-GRPO / ACRL need: add "
+            "--get-mismatch-metrics to the slime command (or run more than one optimizer step per rollout)")
+    elif rewards:
+        runtime.warn_once("no_log_probs", "mismatch_ctrl: rollout_data has no 'log_probs'; mismatch metrics are "
+                                          "skipped (add --get-mismatch-metrics to record them)")
+
+    shapes = rollout_data.get("kl") or rollout_log_probs or []
+    device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
+    token_rewards = torch.repeat_interleave(reward_t, torch.tensor(layout.sizes, device=device),
+                                            output_size=sum(layout.sizes))
+    lengths = torch.tensor([float(sum(response_lengths)), float(len(response_lengths))], dtype=torch.float64,
+                           device=device)
+    total_length, count = topo.batch_reduce(lengths, "sum").tolist()
+    step = controllers.step(
+        rollout_id, token_rewards, batch,
+        mean_response_length=total_length / count if count else 0.0,
+        max_response_length=getattr(args, "rollout_max_response_len", None),
+        seq_reduce=topo.seq_reduce, batch_reduce=topo.batch_reduce,
+    )
+    if controllers.dcgrpo is not None:
+        advs = list(torch.split(step.advantages, layout.sizes))
+    else:
+        advs = [torch.ones_like(shape) * reward_t[i] for i, shape in enumerate(shapes)]
+    rollout_data["advantages"] = advs
+    rollout_data["returns"] = list(advs)
+    if rewards:
+        for name, value in step.metrics.items():
+            rollout_data[METRIC_PREFIX + name] = [value] * len(rewards)
+    if runtime.store is not None and topo.is_main_rank:
+        runtime.store.save(rollout_id, controllers.state_dict(), keep=checkpoint_rollouts(args))
+    runtime.next_rollout = rollout_id + 1
+
+
+def checkpoint_rollouts(args: Any) -> Callable[[int], bool]:
+    """Whether slime saves a Megatron checkpoint after rollout r (``should_run_periodic_action`` in train.py)."""
+    interval = getattr(args, "save_interval", None)
+    last = getattr(args, "num_rollout", None)
+    per_epoch = getattr(args, "num_rollout_per_epoch", None)
+
+    def is_checkpoint(r: int) -> bool:
+        return bool(interval) and ((r + 1) % interval == 0 or (last is not None and r == last - 1) or
+                                   (bool(per_epoch) and (r + 1) % per_epoch == 0))
+
+    return is_checkpoint

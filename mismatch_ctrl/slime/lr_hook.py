@@ -1,0 +1,38 @@
+"""``--custom-megatron-before-train-step-hook-path mismatch_ctrl.slime.hooks.before_train_step`` (SLIME.md sec. 4).
+
+slime calls it on every rank (all pipeline stages) before each optimizer step. To make an LR multiplier stick with
+Megatron's ``OptimizerParamScheduler``, every param group gets ``max_lr = args.lr * f`` and ``min_lr = args.min_lr * f``
+(the scheduler reads these per-group keys first) and then ``lr = scheduler.get_lr(group)``; the scheduler's own
+``max_lr`` is never touched, so checkpoints resume cleanly. Values come from ``args``, never from the groups (a resumed
+optimizer restores the groups' previous values), so the hook is idempotent and right after a resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from ._groups import broadcast_from_last_stage, topology
+from .runtime import ADVANTAGE_HOOK, get_runtime
+
+
+def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, optimizer: Any,
+                      opt_param_scheduler: Any) -> None:
+    """Apply the length-decay LR multiplier of ``rollout_id`` to every param group (no-op without lr_decay)."""
+    runtime = get_runtime(args)
+    lr = runtime.controllers.lr
+    if lr is None:
+        return
+    if runtime.lr_applied is None or runtime.lr_applied[0] != rollout_id:
+        seen = runtime.controllers.last_rollout
+        if topology().is_last_stage and seen != rollout_id:
+            raise ConfigError(
+                f"before_train_step for rollout {rollout_id}, but the advantage hook last observed rollout {seen}: "
+                f"lr_decay needs --custom-advantage-function-path {ADVANTAGE_HOOK} (it measures response lengths)")
+        runtime.lr_applied = (rollout_id, broadcast_from_last_stage(runtime.controllers.lr_scale(rollout_id)))
+    scale = runtime.lr_applied[1]
+    base_min = getattr(args, "min_lr", 0.0) or 0.0
+    for group in optimizer.param_groups:
+        group["max_lr"] = args.lr * scale
+        group["min_lr"] = base_min * scale
+        group["lr"] = opt_param_scheduler.get_lr(group)

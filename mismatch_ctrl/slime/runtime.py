@@ -1,0 +1,127 @@
+"""Per-process state of the slime hooks: the validated config, the controllers and where their state is saved.
+
+The runtime lives on the ``args`` object slime passes to every hook (one per Ray actor process), so a new ``args``
+(a new run, or the next method of the CPU lab) starts a new runtime. It is created by the first hook that runs -
+normally ``on_megatron_init`` - which validates the configuration against slime's flags and restores the
+controllers when a checkpoint is being resumed (SLIME.md section 5).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, build_config
+from ..controllers import ControllerSet
+from ..errors import ConfigError, StateError
+from ..state import StateStore
+
+log = logging.getLogger("mismatch_ctrl")
+
+HOOKS = "mismatch_ctrl.slime.hooks"
+ADVANTAGE_HOOK = f"{HOOKS}.advantages"
+TIS_HOOK = f"{HOOKS}.rollout_correction"
+LR_HOOK = f"{HOOKS}.before_train_step"
+GRPO_ESTIMATORS = ("grpo", "gspo", "cispo")
+_ATTR = "_mismatch_ctrl_runtime"
+
+
+@dataclass
+class Runtime:
+    config: Config
+    controllers: ControllerSet
+    store: StateStore | None
+    next_rollout: int
+    lr_applied: tuple[int, float] | None = None
+    warned: frozenset[str] = frozenset()
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned = self.warned | {key}
+            log.warning(message)
+
+
+def get_runtime(args: Any) -> Runtime:
+    """The runtime attached to ``args``, created (validated, resumed) on first use."""
+    runtime = getattr(args, _ATTR, None)
+    if runtime is None:
+        runtime = _create(args)
+        setattr(args, _ATTR, runtime)
+    return runtime
+
+
+def _create(args: Any) -> Runtime:
+    section = getattr(args, "mismatch_ctrl", None)
+    if section is None:
+        raise ConfigError("args has no 'mismatch_ctrl' settings: pass a YAML with a top-level 'mismatch_ctrl:' key "
+                          "with --custom-config-path, e.g. configs/methods/dcgrpo.yaml")
+    config = build_config(section, num_experts=getattr(args, "num_experts", None))
+    check_slime_args(args, config)
+    controllers, next_rollout = _resume(args, config)
+    save = getattr(args, "save", None)
+    store = StateStore(Path(save) / "mismatch_ctrl", config.state.keep_last) if save else None
+    if store is None and (controllers.dcgrpo or controllers.lr or controllers.acrl):
+        log.warning("mismatch_ctrl: no --save directory, controller state will not be persisted")
+    log.info("mismatch_ctrl: method %r, architecture %s, first rollout %d", config.name, config.architecture,
+             next_rollout)
+    return Runtime(config, controllers, store, next_rollout)
+
+
+def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
+    """The controllers (restored if a checkpoint is being resumed) and the first rollout id of this run.
+
+    Resuming = not ``--finetune`` and ``{args.load}/latest_checkpointed_iteration.txt`` names iteration N: then the
+    state saved after rollout N is loaded and this run starts at N + 1 (slime's own rule).
+    """
+    controllers = ControllerSet(config)
+    start = getattr(args, "start_rollout_id", None)
+    load = getattr(args, "load", None)
+    tracker = Path(load) / "latest_checkpointed_iteration.txt" if load else None
+    if getattr(args, "finetune", False) or tracker is None or not tracker.is_file():
+        return controllers, int(start or 0)
+    iteration = tracker.read_text().strip()
+    if not iteration.isdigit():
+        return controllers, int(start or 0)
+    iteration = int(iteration)
+    try:
+        controllers.load_state_dict(StateStore(Path(load) / "mismatch_ctrl").load(iteration))
+    except StateError as exc:
+        if config.state.resume != "fresh":
+            raise StateError(f"{exc} To start the controllers from their initial values on purpose, set "
+                             "mismatch_ctrl.state.resume: fresh") from None
+        log.warning("mismatch_ctrl: %s; state.resume=fresh: starting the controllers afresh", exc)
+        return ControllerSet(config), iteration + 1
+    log.info("mismatch_ctrl: restored controller state of rollout %d from %s", iteration, load)
+    return controllers, iteration + 1
+
+
+def check_slime_args(args: Any, config: Config) -> None:
+    """Reject slime flag combinations under which the configured method would silently not run."""
+    stateful = [name for name, on in (("dcgrpo", config.dcgrpo.enabled), ("lr_decay", config.lr_decay.enabled),
+                                      ("acrl", config.acrl.enabled)) if on]
+    paths = {
+        "custom_advantage_function_path": (ADVANTAGE_HOOK, bool(stateful), f"{', '.join(stateful)} need"),
+        "custom_tis_function_path": (TIS_HOOK, config.correction.active or config.acrl.enabled,
+                                     f"correction preset {config.correction_preset!r} / acrl need"),
+        "custom_megatron_before_train_step_hook_path": (LR_HOOK, config.lr_decay.enabled, "lr_decay needs"),
+    }
+    for attr, (expected, needed, who) in paths.items():
+        if needed and getattr(args, attr, None) != expected:
+            flag = "--" + attr.replace("_", "-")
+            raise ConfigError(f"{who} {flag} {expected} (got {getattr(args, attr, None)!r})")
+    if (config.correction.active or config.acrl.enabled) and not (
+            getattr(args, "get_mismatch_metrics", False) or getattr(args, "use_tis", False)):
+        raise ConfigError("slime calls the rollout-correction hook only with --get-mismatch-metrics (or --use-tis): "
+                          "add --get-mismatch-metrics")
+    estimator = getattr(args, "advantage_estimator", "grpo")
+    if getattr(args, "custom_advantage_function_path", None) == ADVANTAGE_HOOK and estimator not in GRPO_ESTIMATORS:
+        raise ConfigError(f"{ADVANTAGE_HOOK} computes GRPO-style advantages; --advantage-estimator {estimator} is not "
+                          f"supported (use one of {GRPO_ESTIMATORS})")
+    if config.lr_decay.enabled and getattr(args, "decoupled_lr", None) is not None:
+        raise ConfigError("lr_decay with --decoupled-lr is not supported: the decoupled param groups cannot be told "
+                          "apart in megatron-core 0.16 param groups")
+    if config.dcgrpo.enabled and getattr(args, "normalize_advantages", False):
+        log.warning("mismatch_ctrl: --normalize-advantages whitens the DC-GRPO-shaped advantages after the hook; "
+                    "the penalty then acts relative to the advantage scale")
