@@ -1,0 +1,166 @@
+"""Rollout engine: samples from a quantised copy of the policy and returns its own log-probs (``rollout_log_probs``).
+
+Mirrors SGLang in slime: the engine holds FP8 (or BF16) weights re-quantised from the trainer's fp32 weights at every
+``sync``; each sampled token's log-prob is ``log_softmax(logits / temperature)`` from the same forward that sampled
+it; a response stops at EOS, which is its last token. Each prompt is prefilled once and its KV cache shared by its
+samples; decoding runs one batch over all prompts x samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .policy import TinyPolicy
+from .quant import QuantConfig, as_quant_config, quantize_model, sync_quantized
+from .task import EOS, PAD
+
+
+@dataclass
+class Rollout:
+    """Sampled responses; the ``n_samples`` samples of prompt ``i`` are rows ``i*n_samples .. (i+1)*n_samples-1``.
+
+    prompts: LongTensor [N, P]; responses: LongTensor [N, R], PAD after each response's last token;
+    response_lengths: LongTensor [N], tokens generated (EOS included); rollout_log_probs: float32 [N, R],
+    the engine's log-prob of each generated token, 0 after the end; truncated: BoolTensor [N], True when the
+    response hit ``max_new_tokens`` without EOS.
+    """
+
+    prompts: Tensor
+    responses: Tensor
+    response_lengths: Tensor
+    rollout_log_probs: Tensor
+    truncated: Tensor
+    n_samples: int
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prompts.shape[1]
+
+    @property
+    def tokens(self) -> Tensor:
+        """Prompt and response, LongTensor [N, P + R]."""
+        return torch.cat([self.prompts, self.responses], dim=1)
+
+    @property
+    def response_mask(self) -> Tensor:
+        """BoolTensor [N, R], True on generated tokens."""
+        return torch.arange(self.responses.shape[1]) < self.response_lengths[:, None]
+
+    @property
+    def group_ids(self) -> Tensor:
+        """Index of each sample's prompt, LongTensor [N]."""
+        return torch.arange(self.prompts.shape[0]) // self.n_samples
+
+    def response_lists(self) -> list[list[int]]:
+        """Generated token ids per sample (slime's ``response`` tokens)."""
+        return [row[:n].tolist() for row, n in zip(self.responses, self.response_lengths.tolist())]
+
+    def log_prob_lists(self) -> list[Tensor]:
+        """Per-sample 1-D tensors of ``rollout_log_probs`` (slime's ``Sample.rollout_log_probs``)."""
+        return [row[:n].clone() for row, n in zip(self.rollout_log_probs, self.response_lengths.tolist())]
+
+
+class RolloutEngine:
+    """Quantised inference copy of a ``TinyPolicy``.
+
+    quant: a mode of ``quant.QUANT_MODES`` (``"e4m3"`` default, ``"e4m3-w"``, ``"e5m2"``, ``"bf16"``, ``"none"``)
+    or a ``QuantConfig``.
+    """
+
+    def __init__(self, policy: TinyPolicy, quant: str | QuantConfig = "e4m3") -> None:
+        self.quant = as_quant_config(quant)
+        self.model: TinyPolicy = quantize_model(policy, self.quant)
+
+    def sync(self, policy: TinyPolicy) -> None:
+        """Load the policy's current fp32 weights, re-quantising them (slime's weight sync)."""
+        sync_quantized(self.model, policy, self.quant)
+
+    def generate(
+        self,
+        prompts: Tensor,
+        n_samples: int = 1,
+        temperature: float = 1.0,
+        max_new_tokens: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample ``n_samples`` responses per prompt at ``temperature`` (> 0); deterministic given ``generator``.
+        ``max_new_tokens`` defaults to the positions left after the prompt."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}; use greedy()")
+        return self._decode(prompts, n_samples, temperature, max_new_tokens, generator)
+
+    def greedy(self, prompts: Tensor, max_new_tokens: int | None = None) -> Rollout:
+        """Greedy (argmax) responses, one per prompt; log-probs at temperature 1."""
+        return self._decode(prompts, 1, None, max_new_tokens, None)
+
+    def token_log_probs(
+        self,
+        tokens: Tensor,
+        prompt_len: int,
+        response_mask: Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> Tensor:
+        """The engine's teacher-forced log-probs of ``tokens[:, prompt_len:]`` (see ``TinyPolicy.token_log_probs``)."""
+        with torch.inference_mode():
+            log_probs = self.model.token_log_probs(tokens, prompt_len, response_mask, temperature)
+        return log_probs.clone()
+
+    def _decode(
+        self,
+        prompts: Tensor,
+        n_samples: int,
+        temperature: float | None,
+        max_new_tokens: int | None,
+        generator: torch.Generator | None,
+    ) -> Rollout:
+        if prompts.dim() != 2 or prompts.shape[1] < 1:
+            raise ValueError(f"prompts: expected a LongTensor [n, P], got shape {tuple(prompts.shape)}")
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        prompt_len = prompts.shape[1]
+        room = self.model.config.max_len - prompt_len
+        max_new = room if max_new_tokens is None else max_new_tokens
+        if not 1 <= max_new <= room:
+            raise ValueError(
+                f"max_new_tokens must be in 1..{room} (policy max_len {self.model.config.max_len} minus prompt "
+                f"length {prompt_len}), got {max_new}"
+            )
+        with torch.inference_mode():
+            prefill = self.model.new_cache(prompts.shape[0], prompt_len)
+            hidden = self.model.hidden_states(prompts.long(), prefill)[:, -1].repeat_interleave(n_samples, dim=0)
+            cache = prefill.repeat_rows(n_samples, prompt_len + max_new)
+            repeated = prompts.long().repeat_interleave(n_samples, dim=0)
+            n = repeated.shape[0]
+            responses = torch.full((n, max_new), PAD, dtype=torch.long)
+            log_probs = torch.zeros(n, max_new)
+            finished = torch.zeros(n, dtype=torch.bool)
+            lengths = torch.zeros(n, dtype=torch.long)
+            steps = 0
+            while True:
+                logits = self.model.lm_head(hidden)
+                if temperature is None:
+                    step_log_probs = torch.log_softmax(logits, dim=-1)
+                    token = logits.argmax(dim=-1)
+                else:
+                    step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
+                    token = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
+                token_log_prob = step_log_probs.gather(1, token[:, None]).squeeze(1)
+                responses[:, steps] = token.masked_fill(finished, PAD)
+                log_probs[:, steps] = token_log_prob.masked_fill(finished, 0.0)
+                lengths += ~finished
+                finished |= token == EOS
+                steps += 1
+                if steps == max_new or bool(finished.all()):
+                    break
+                hidden = self.model.hidden_states(token[:, None], cache)[:, -1]
+        return Rollout(
+            prompts=repeated.clone(),
+            responses=responses[:, :steps].clone(),
+            response_lengths=lengths.clone(),
+            rollout_log_probs=log_probs[:, :steps].clone(),
+            truncated=~finished,
+            n_samples=n_samples,
+        )

@@ -1,0 +1,20 @@
+# Megatron model arguments of the dense Qwen3-8B, as in slime's scripts/models/qwen3-8B.sh at 624b824a.
+# Usage: source recipes/qwen3_8b/model.sh; ... "${MODEL_ARGS[@]}"
+MODEL_ARGS=(
+   --swiglu
+   --num-layers 36
+   --hidden-size 4096
+   --ffn-hidden-size 12288
+   --num-attention-heads 32
+   --group-query-attention
+   --num-query-groups 8
+   --use-rotary-position-embeddings
+   --disable-bias-linear
+   --normalization RMSNorm
+   --norm-epsilon 1e-6
+   --rotary-base 1000000
+   --vocab-size 151936
+   --kv-channels 128
+   --qk-layernorm
+   --untie-embeddings-and-output-weights
+)
