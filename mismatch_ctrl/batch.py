@@ -92,9 +92,10 @@ class TokenBatch:
         rollout = rollout_log_probs.detach().float()
         mask = mask.detach().float()
         raw_ratio = train - rollout
-        finite = torch.isfinite(raw_ratio)
         bad_per_seq = train.new_zeros(segments.num_seqs)
-        if not bool(finite.all()):
+        # One reduction finds any NaN/inf (it makes the sum non-finite); only then look token by token.
+        if not bool(torch.isfinite(raw_ratio.sum())):
+            finite = torch.isfinite(raw_ratio)
             bad = ~finite & (mask > 0)
             if nonfinite == "error" and bool(bad.any()):
                 first = int(bad.nonzero()[0, 0])

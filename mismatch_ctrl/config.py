@@ -105,7 +105,7 @@ def build_config(section: Mapping[str, Any] | None, *, architecture: str | None 
     if arch in (None, "auto"):
         arch = resolve_architecture(architecture=architecture, num_experts=num_experts, hf_config=hf_config)
     if arch is not None:
-        section = _merge(arch_defaults(arch), section)
+        section = merge_sections(arch_defaults(arch), section)
     values: dict[str, Any] = {"architecture": arch}
     for key, tp in (("name", str), ("nonfinite", NonFinitePolicy)):
         if section.get(key) is not None:
@@ -185,12 +185,12 @@ def _check_combination(config: Config) -> None:
             raise ConfigError(f"{ROOT_KEY}.correction.{key}: must be > 0 or null, got {getattr(s, key)}")
 
 
-def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+def merge_sections(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """Deep merge; ``None`` in ``override`` keeps the base value (``eps: null`` means "the default")."""
     out = dict(base)
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_sections(out[key], value)
         elif value is not None or key not in out:
             out[key] = value
     return out
@@ -227,6 +227,10 @@ def _describe(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
+class _NonFiniteNumber(ConfigError):
+    """A number that is NaN or infinite: reported as such, not as a type mismatch of a union's other options."""
+
+
 def _coerce(tp: Any, value: Any, path: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
@@ -239,6 +243,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 continue
             try:
                 return _coerce(option, value, path)
+            except _NonFiniteNumber:
+                raise
             except ConfigError:
                 continue
     elif origin is Literal:
@@ -259,7 +265,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 number = None
         if isinstance(number, (int, float)) and not isinstance(number, bool):
             if not math.isfinite(number):
-                raise ConfigError(f"{path}: must be a finite number, got {value!r}")
+                raise _NonFiniteNumber(f"{path}: must be a finite number, got {value!r}")
             return float(number)
     elif tp is str:
         if isinstance(value, str):

@@ -142,7 +142,8 @@ def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reduce
         else:
             out = _outside(seq_log[level], low, high)
             rejected_seq |= out
-            metrics.mean[f"{level}_band_rejected_seq_fraction"] = out.float()
+            key = f"{level}_band_rejected_seq_fraction"  # IS and RS bands at one level share it: their union
+            metrics.mean[key] = torch.maximum(metrics.mean[key], out.float()) if key in metrics.mean else out.float()
 
     keep = m * seg.expand((~rejected_seq).float())
     if rejected_tok is not None:
@@ -164,13 +165,19 @@ def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reduce
 
     second = [keep, weights]
     if token_is:
-        second += [rho * m, rho.gt(is_high).float().mul_(m), rho.lt(is_low).float().mul_(m)]
+        second.append(rho * m)
+        if spec.is_mode != "mask":
+            second.append(rho.gt(is_high).float().mul_(m))
+        if spec.is_mode == "clip":
+            second.append(rho.lt(is_low).float().mul_(m))
     sums2 = seq_reduce(seg.sum(*second), "sum")
     kept, weight_sum = sums2[:, 0], sums2[:, 1]
     denom = count.clamp_min(1.0)
     if token_is:
         metrics.mean["is_ratio_mean"] = sums2[:, 2] / denom
-        _bound_metrics(metrics, spec.is_mode, sums2[:, 3] / denom, sums2[:, 4] / denom)
+        above = sums2[:, 3] / denom if spec.is_mode != "mask" else None
+        below = sums2[:, 4] / denom if spec.is_mode == "clip" else None
+        _bound_metrics(metrics, spec.is_mode, above, below)
 
     if spec.batch_normalize and spec.is_level is not None:
         if token_is:
@@ -198,7 +205,8 @@ def _shape_weights(mode: str, rho: torch.Tensor, low: float, high: float) -> tor
     return rho
 
 
-def _bound_metrics(metrics: SeqMetrics, mode: str, above: torch.Tensor, below: torch.Tensor) -> None:
+def _bound_metrics(metrics: SeqMetrics, mode: str, above: torch.Tensor | None, below: torch.Tensor | None) -> None:
+    """Fractions of ratios above ``is_high`` (truncate, clip) and below ``is_low`` (clip); others may be None."""
     if mode in ("truncate", "clip"):
         metrics.mean["is_clip_high_fraction"] = above
     if mode == "clip":

@@ -27,7 +27,7 @@ SIGNALS: tuple[str, ...] = get_args(Signal)
 def token_signal(batch: TokenBatch, signal: Signal = "prob_diff") -> torch.Tensor:
     """The per-token discrepancy ``c[t]`` of ``batch`` (fp32, ``[T]``, not masked)."""
     if signal == "prob_diff":
-        return (torch.exp(batch.train_log_probs) - torch.exp(batch.rollout_log_probs)).abs_()
+        return torch.exp(batch.train_log_probs).sub_(torch.exp(batch.rollout_log_probs)).abs_()
     if signal == "log_diff":
         return batch.log_ratio.abs()
     if signal == "ratio_diff":
@@ -38,5 +38,5 @@ def token_signal(batch: TokenBatch, signal: Signal = "prob_diff") -> torch.Tenso
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """K3 estimator ``exp(l) - 1 - l`` (non-negative), token-wise."""
-    return torch.exp(log_ratio).sub_(1.0).sub_(log_ratio)
+    """K3 estimator ``exp(l) - 1 - l`` (non-negative), token-wise; ``expm1`` keeps it accurate and >= 0 for small l."""
+    return torch.expm1(log_ratio).sub_(log_ratio)

@@ -32,12 +32,14 @@ def histogram_quantiles(counts: torch.Tensor, qs: list[float], low: float = LOW,
     total = float(counts.sum())
     if total <= 0:
         return [math.nan for _ in qs]
+    per_bin = counts.double().tolist()
     cum = torch.cumsum(counts.double(), 0).tolist()
     step = (math.log(high) - math.log(low)) / bins
     out = []
     for q in qs:
         target = q * total
-        k = next(i for i, c in enumerate(cum) if c >= target - 1e-9 * total)
+        # The first non-empty bin that reaches the target (for q = 0: the bin of the minimum, not the empty underflow).
+        k = next(i for i, c in enumerate(cum) if c >= target - 1e-9 * total and per_bin[i] > 0)
         if k == 0:
             out.append(low)
         elif k == bins + 1:

@@ -36,8 +36,8 @@ class PolicyConfig:
 
     @classmethod
     def for_task(cls, task: Task, **shape: int) -> PolicyConfig:
-        """Config sized for a task: its vocabulary and prompt_len + max_response_len positions."""
-        return cls(vocab_size=task.vocab_size, max_len=task.prompt_len + task.max_response_len, **shape)
+        """Config sized for a task: its vocabulary and prompt_len + generation_len positions."""
+        return cls(vocab_size=task.vocab_size, max_len=task.prompt_len + task.generation_len, **shape)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -55,11 +55,14 @@ class Task(ABC):
     """A verifiable task: fixed-length prompts, answers ending in EOS, and a vectorised reward.
 
     ``seed`` seeds the training prompt stream (``generator()``); ``eval_seed`` the held-out ``eval_prompts``.
+    ``max_response_len`` bounds the answers; ``generation_len`` (larger) bounds what a policy may generate, leaving
+    room for the response-length surge of a degrading policy.
     """
 
     name: str
     prompt_len: int
     max_response_len: int
+    generation_len: int
     vocab_size: int = VOCAB_SIZE
 
     def __init__(self, seed: int = 0, eval_seed: int = 1_000_003) -> None:
@@ -141,6 +144,7 @@ class AdditionTask(Task):
         self.b_slice = slice(2 + max_digits, 2 + 2 * max_digits)
         self.prompt_len = 2 * max_digits + 3
         self.max_response_len = max_digits + 2
+        self.generation_len = 2 * self.max_response_len + 4
 
     def _operands(self, n: int, generator: torch.Generator) -> Tensor:
         n_digits = torch.randint(1, self.max_digits + 1, (n,), generator=generator)
@@ -217,6 +221,7 @@ class ReverseTask(Task):
         self.reward_mode = reward_mode
         self.prompt_len = max_digits + 2
         self.max_response_len = max_digits + 1
+        self.generation_len = self.max_response_len + 16
 
     def make_prompts(self, n: int, generator: torch.Generator) -> Tensor:
         lengths = torch.randint(self.min_digits, self.max_digits + 1, (n,), generator=generator)

@@ -28,7 +28,7 @@ from .policy import PolicyConfig, TinyPolicy
 from .task import DIGIT0, EOS, PAD, Task, make_task
 
 CACHE_ENV = "MISMATCH_CTRL_CACHE"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)

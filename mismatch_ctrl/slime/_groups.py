@@ -17,15 +17,17 @@ from ..dist import Reducer, group_reducer, local_reduce
 
 
 def _parallel_state():
+    """megatron's ``parallel_state`` if torch.distributed and megatron's groups are initialised, else None (megatron
+    is not even imported in a single process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
     try:
         from megatron.core import parallel_state
     except ImportError:
         return None
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
-        return None
-    return parallel_state
+    return parallel_state if parallel_state.model_parallel_is_initialized() else None
 
 
 @dataclass(frozen=True)

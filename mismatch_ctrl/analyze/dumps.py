@@ -1,0 +1,500 @@
+"""slime's debug dumps: read them one rollout at a time, and write them (the CPU lab's output) in the same format.
+
+Layout (slime 624b824, ``slime/observability/{train,rollout}_data_utils.py``), with ``--dump-details DIR``:
+
+- ``DIR/train_data/{rollout_id}.pt`` (``--save-debug-train-data``): ``{"format_version": 2, "rollout_id", "rank",
+  "samples", "dp_shards", "raw_reward"?}``. ``samples`` holds one dict per trained sample, sorted by
+  ``rollout_position`` (the sample's index in the rollout dump), with the per-sample columns of the training batch
+  (``response_lengths``, ``total_lengths``, ``loss_masks`` int32, ``rewards`` (group-normalised), ``truncated``
+  0/1, ``log_probs`` (training-engine recompute), ``rollout_log_probs`` (SGLang), ``advantages``, ``returns``,
+  ``kl``, ... float32), context-parallel shards already gathered to full response length, and the ids
+  ``rollout_position``, ``sample_index``, ``data_parallel_rank``. ``dp_shards`` keeps the DP / micro-batch layout
+  only; ``raw_reward`` is the whole batch's raw rewards in rollout order.
+- ``DIR/rollout_data/{rollout_id}.pt`` (``--save-debug-rollout-data``): ``{"rollout_id", "samples"}`` with slime
+  ``Sample.to_dict()`` dicts (``response_length``, ``rollout_log_probs`` list, ``loss_mask`` list or None,
+  ``status`` string, ``reward``, ...); ``eval_{rollout_id}.pt`` files hold evaluations and are ignored here.
+
+The files are pickles (``torch.load(weights_only=False)``, as slime reads them): analyse dumps of your own runs only.
+Nothing from a file is called; a truncated or foreign file is reported by name and skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from ..errors import InputError
+
+TRAIN_DIR, ROLLOUT_DIR = "train_data", "rollout_data"
+FORMAT_VERSION = 2
+ID_KEYS = ("rollout_position", "sample_index", "data_parallel_rank")
+CONTEXT_PARALLEL_FIELDS = ("rollout_log_probs", "teacher_log_probs", "log_probs", "ref_log_probs", "values",
+                           "advantages", "returns", "kl", "entropy", "opd_reverse_kl")
+"""Response-token columns slime gathers over context parallelism before writing (full response length each)."""
+LAYOUT_FIELDS = ("micro_batch_indices", "num_microbatches", "global_batch_sizes")
+WHOLE_BATCH_FIELDS = ("raw_reward",)
+TENSOR_DTYPES: dict[str, torch.dtype] = {"tokens": torch.long, "loss_masks": torch.int32,
+                                         "rollout_mask_sums": torch.float32,
+                                         **dict.fromkeys(CONTEXT_PARALLEL_FIELDS, torch.float32)}
+"""dtypes of the tensor columns of a train dump (as slime's training batch holds them)."""
+SAMPLE_DEFAULTS: dict[str, Any] = {
+    "group_index": None, "index": None, "rollout_id": None, "prompt": "", "tokens": [], "multimodal_inputs": None,
+    "multimodal_train_inputs": None, "multimodal_train_input_id": None, "apply_chat_template_kwargs": {},
+    "response": "", "response_length": 0, "label": None, "reward": None, "loss_mask": None, "weight_versions": [],
+    "rollout_log_probs": None, "rollout_top_p_token_ids": None, "rollout_top_p_token_offsets": None,
+    "rollout_routed_experts": None, "remove_sample": False, "teacher_log_probs": None, "status": "pending",
+    "metadata": {}, "generate_function_path": None, "custom_rm_path": None, "train_metadata": None,
+    "session_id": None, "non_generation_time": 0.0,
+    "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0, "spec_verify_ct": 0,
+                  "completion_token_num": 0},
+    "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
+}
+"""Every field of slime's ``Sample.to_dict()`` with its default (slime/utils/types.py at 624b824)."""
+SAMPLE_STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
+
+
+class DumpError(ValueError):
+    """A dump file cannot be used; the message names the file and the reason."""
+
+
+# --- writing ---------------------------------------------------------------------------------------------------------
+
+def samples_from_rollout_data(rollout_data: Mapping[str, Any], data_parallel_rank: int = 0
+                              ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Split one rank's slime ``rollout_data`` (the dict the advantage hook sees, CP = 1) the way slime's writer does.
+
+    Returns ``(samples, whole_batch, layout)`` for :func:`write_train_dump`: a value that has one entry per sample
+    (a list/tuple of that length, or a tensor whose first dimension is) becomes a per-sample column; ``raw_reward``
+    is whole-batch; everything else (``micro_batch_indices``, ...) is layout. ``partition`` and ``sample_indices``
+    become each sample's ``rollout_position`` / ``sample_index``; without ``partition`` the position is the index.
+    """
+    if "response_lengths" not in rollout_data:
+        raise InputError("rollout_data has no 'response_lengths': it is what defines the number of samples")
+    n = len(rollout_data["response_lengths"])
+    positions = rollout_data.get("partition")
+    positions = list(range(n)) if positions is None else [int(p) for p in positions]
+    indices = rollout_data.get("sample_indices")
+    samples: list[dict[str, Any]] = [{"data_parallel_rank": data_parallel_rank, "rollout_position": positions[i]}
+                                     for i in range(n)]
+    if indices is not None:
+        for sample, index in zip(samples, indices):
+            sample["sample_index"] = index
+    whole_batch, layout = {}, {}
+    for key, value in rollout_data.items():
+        if key in ("partition", "sample_indices"):
+            continue
+        if key in WHOLE_BATCH_FIELDS:
+            whole_batch[key] = value
+        elif key not in LAYOUT_FIELDS and _is_per_sample(value, n):
+            for sample, item in zip(samples, value):
+                sample[key] = item
+        else:
+            layout[key] = value
+    return samples, whole_batch, layout
+
+
+def write_train_dump(directory: str | Path, rollout_id: int, samples: Sequence[Mapping[str, Any]],
+                     extra: Mapping[str, Any] | None = None, layout: Mapping[str, Any] | None = None, *,
+                     rank: int = 0) -> Path:
+    """Write ``directory/train_data/{rollout_id}.pt`` exactly as slime's ``--dump-details directory`` does.
+
+    ``samples``: one dict per trained sample with slime's column names (``response_lengths`` required; response
+    tensors at full length); ids ``rollout_position`` (default: the sample's index), ``sample_index`` and
+    ``data_parallel_rank`` (default 0) are optional. Tensors are detached to CPU in slime's dtypes
+    (:data:`TENSOR_DTYPES`; lists of numbers in those columns become tensors). ``extra``: whole-batch keys stored at
+    the top (``raw_reward``). ``layout``: scheduling keys copied into every ``dp_shards`` entry. A shard's ``rank``
+    is ``rank + data_parallel_rank`` (one writer per DP rank, as with TP = PP = CP = 1). Written atomically.
+    """
+    extra = dict(extra or {})
+    clash = sorted(set(extra) & {"format_version", "rollout_id", "rank", "samples", "dp_shards"})
+    if clash:
+        raise InputError(f"extra: keys {clash} are reserved by the dump format; rename them")
+    rows = [_train_sample(i, sample) for i, sample in enumerate(samples)]
+    order = "rollout_position"
+    positions = [row[order] for row in rows]
+    if len(set(positions)) != len(positions):
+        raise InputError("samples: two samples share one rollout_position; each is the sample's index in the "
+                         "rollout dump and must be unique")
+    shards: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        dp = row["data_parallel_rank"]
+        shard = shards.setdefault(dp, {"rank": rank + dp, "data_parallel_rank": dp, "sample_indices": [],
+                                       "partition": [], **dict(layout or {})})
+        shard["sample_indices"].append(row.get("sample_index"))
+        shard["partition"].append(row[order])
+    for shard in shards.values():
+        if all(index is None for index in shard["sample_indices"]):
+            shard["sample_indices"] = None
+    payload = {"format_version": FORMAT_VERSION, "rollout_id": int(rollout_id), "rank": int(rank),
+               "samples": sorted(rows, key=lambda row: row[order]),
+               "dp_shards": [shards[dp] for dp in sorted(shards)], **extra}
+    return _save(payload, Path(directory) / TRAIN_DIR / f"{int(rollout_id)}.pt")
+
+
+def write_rollout_dump(directory: str | Path, rollout_id: int, samples: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``directory/rollout_data/{rollout_id}.pt``: ``{"rollout_id", "samples"}`` with slime ``Sample`` dicts.
+
+    Each sample dict is completed with the defaults of every ``Sample`` field (:data:`SAMPLE_DEFAULTS`), so slime's
+    ``Sample.from_dict`` (``--load-debug-rollout-data``) reads the file; ``status`` is one of
+    :data:`SAMPLE_STATUSES`; ``rollout_log_probs`` and ``loss_mask`` (lists, or tensors converted to lists) must have
+    ``response_length`` entries. Written atomically.
+    """
+    rows = []
+    for i, sample in enumerate(samples):
+        row = {**SAMPLE_DEFAULTS, **dict(sample)}
+        for key in ("apply_chat_template_kwargs", "weight_versions", "metadata", "tokens", "spec_info",
+                    "prefix_cache_info"):
+            if row[key] is SAMPLE_DEFAULTS[key]:
+                row[key] = type(row[key])(row[key])
+        status = getattr(row["status"], "value", row["status"])
+        if status not in SAMPLE_STATUSES:
+            raise InputError(f"sample {i}: status {row['status']!r} is not a slime Sample.Status; use one of "
+                             f"{SAMPLE_STATUSES}")
+        row["status"] = status
+        n = int(row["response_length"])
+        for key, cast in (("rollout_log_probs", float), ("loss_mask", int), ("tokens", int)):
+            if torch.is_tensor(row[key]):
+                row[key] = [cast(v) for v in row[key].detach().cpu().reshape(-1).tolist()]
+        for key in ("rollout_log_probs", "loss_mask"):
+            if row[key] is not None and len(row[key]) != n:
+                raise InputError(f"sample {i}: {key} has {len(row[key])} entries but response_length is {n}")
+        rows.append(row)
+    return _save({"rollout_id": int(rollout_id), "samples": rows},
+                 Path(directory) / ROLLOUT_DIR / f"{int(rollout_id)}.pt")
+
+
+def _is_per_sample(value: Any, n: int) -> bool:
+    if torch.is_tensor(value):
+        return value.dim() >= 1 and value.size(0) == n
+    return isinstance(value, (list, tuple)) and len(value) == n
+
+
+def _train_sample(i: int, sample: Mapping[str, Any]) -> dict[str, Any]:
+    row = dict(sample)
+    if "response_lengths" not in row:
+        raise InputError(f"sample {i}: no 'response_lengths' (the number of response tokens)")
+    n = int(row["response_lengths"])
+    row["response_lengths"] = n
+    row.setdefault("rollout_position", i)
+    row.setdefault("data_parallel_rank", 0)
+    for key, dtype in TENSOR_DTYPES.items():
+        value = row.get(key)
+        if value is None:
+            continue
+        tensor = value.detach().cpu() if torch.is_tensor(value) else torch.as_tensor(value)
+        row[key] = tensor.to(dtype).contiguous()
+        length = row[key].numel()
+        if (key in CONTEXT_PARALLEL_FIELDS or key == "loss_masks") and length != n:
+            raise InputError(f"sample {i}: {key} has {length} tokens but response_lengths is {n}; write full-length "
+                             "response tensors (gather context-parallel shards first)")
+    if "total_lengths" in row and "tokens" in row and row["tokens"].numel() != int(row["total_lengths"]):
+        raise InputError(f"sample {i}: tokens has {row['tokens'].numel()} ids but total_lengths is "
+                         f"{row['total_lengths']}")
+    return row
+
+
+def _save(payload: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+# --- reading ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RolloutFiles:
+    """The dump files of one rollout: its train dump and/or rollout dump, or files whose kind is read from them."""
+
+    rollout_id: int
+    train: Path | None = None
+    rollout: Path | None = None
+    unknown: tuple[Path, ...] = ()
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for p in (self.train, self.rollout, *self.unknown) if p is not None]
+
+
+@dataclass
+class RolloutDump:
+    """One rollout's per-sample columns, as the analysis needs them, from whichever dump supplied them.
+
+    ``rewards`` are the group-normalised rewards slime trains on (GRPO's advantage); ``raw_rewards`` the task's.
+    Optional columns are None when no dump recorded them.
+    """
+
+    rollout_id: int
+    response_lengths: list[int]
+    loss_masks: list[torch.Tensor]
+    rollout_log_probs: list[torch.Tensor] | None = None
+    train_log_probs: list[torch.Tensor] | None = None
+    truncated: list[bool] | None = None
+    rewards: list[float] | None = None
+    raw_rewards: list[float] | None = None
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.response_lengths)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file (or rollout) left out of the analysis, and why."""
+
+    path: str
+    reason: str
+
+
+def find_rollouts(directory: str | Path) -> tuple[list[RolloutFiles], list[Skipped]]:
+    """The rollouts under ``directory``, by rollout id, and the files that do not fit slime's naming.
+
+    ``directory`` is the ``--dump-details`` directory (with ``train_data/`` and/or ``rollout_data/``) or a directory
+    of dump files (``--save-debug-train-data`` template); there the rollout id is the first number in the file name
+    and each file's kind is read from its content.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise DumpError(f"{root}: not a directory; give the --dump-details directory of a slime run")
+    skipped: list[Skipped] = []
+    subdirs = [root / TRAIN_DIR, root / ROLLOUT_DIR]
+    groups: dict[int, dict[str, Any]] = {}
+    if any(d.is_dir() for d in subdirs):
+        for kind, sub in zip(("train", "rollout"), subdirs):
+            for path in sorted(sub.glob("*.pt")) if sub.is_dir() else []:
+                if path.stem.startswith("eval_"):
+                    continue
+                if not path.stem.isdigit():
+                    hint = (" (a per-rank dump of slime before 681b3ad, format 1: not supported)"
+                            if re.fullmatch(r"\d+_\d+", path.stem) else "")
+                    skipped.append(Skipped(str(path), f"file name is not '{{rollout_id}}.pt'{hint}"))
+                    continue
+                groups.setdefault(int(path.stem), {})[kind] = path
+    else:
+        for path in sorted(root.glob("*.pt")):
+            if path.stem.startswith("eval_"):
+                continue
+            number = re.search(r"\d+", path.stem)
+            if number is None:
+                skipped.append(Skipped(str(path), "no rollout id (a number) in the file name"))
+                continue
+            group = groups.setdefault(int(number.group()), {})
+            group["unknown"] = (*group.get("unknown", ()), path)
+    return [RolloutFiles(rid, **groups[rid]) for rid in sorted(groups)], skipped
+
+
+def load_dump(path: str | Path) -> dict[str, Any]:
+    """``torch.load`` one dump on the CPU (memory-mapped when the file allows); :class:`DumpError` if unreadable."""
+    path = Path(path)
+    try:
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a truncated or foreign file can fail in pickle, zipfile or torch: report, never crash
+        raise DumpError(f"{path}: cannot be read as a torch dump ({type(exc).__name__}: {_short(exc)})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
+        if isinstance(payload, dict) and "rollout_data" in payload:
+            raise DumpError(f"{path}: a per-rank train dump of slime before 681b3ad (CP-local tensors): not "
+                            "supported; dump with a newer slime")
+        what = f"keys {list(payload)[:8]}" if isinstance(payload, dict) else f"a {type(payload).__name__}"
+        raise DumpError(f"{path}: not a slime debug dump (no 'samples' list; {what})")
+    if not all(isinstance(s, dict) for s in payload["samples"]):
+        raise DumpError(f"{path}: 'samples' must be a list of dicts")
+    return payload
+
+
+def dump_kind(payload: Mapping[str, Any], path: str | Path) -> str:
+    """``"train"`` (has ``format_version``) or ``"rollout"``; :class:`DumpError` for an unsupported version."""
+    if "format_version" not in payload:
+        return "rollout"
+    if payload["format_version"] != FORMAT_VERSION:
+        raise DumpError(f"{path}: train dump format_version {payload['format_version']!r}; this reader knows version "
+                        f"{FORMAT_VERSION} (slime 624b824)")
+    return "train"
+
+
+def read_rollout(files: RolloutFiles) -> RolloutDump:
+    """The :class:`RolloutDump` of one rollout; :class:`DumpError` names the file.
+
+    The train dump is preferred; the rollout dump is loaded only when there is no train dump or the train dump lacks
+    ``rollout_log_probs`` or ``truncated`` (then filled from it, joined by ``rollout_position``).
+    """
+    loaded: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path in files.unknown:
+        payload = load_dump(path)
+        loaded[dump_kind(payload, path)] = (path, payload)
+    for kind, path in (("train", files.train), ("rollout", files.rollout)):
+        if path is not None and kind not in loaded and (kind == "train" or "train" not in loaded):
+            payload = load_dump(path)
+            if dump_kind(payload, path) != kind:
+                raise DumpError(f"{path}: a {dump_kind(payload, path)} dump in {path.parent.name}/; keep slime's "
+                                "layout (train_data/ for train dumps, rollout_data/ for rollout dumps)")
+            loaded[kind] = (path, payload)
+    if "train" not in loaded:
+        if "rollout" not in loaded:
+            raise DumpError(f"rollout {files.rollout_id}: no dump file")
+        return _from_rollout(files.rollout_id, loaded["rollout"][1], loaded["rollout"][0])
+    train_path, train_payload = loaded.pop("train")
+    dump = _from_train(files.rollout_id, train_payload, train_path)
+    rollout_path = loaded["rollout"][0] if "rollout" in loaded else files.rollout
+    if rollout_path is not None and (dump.rollout_log_probs is None or dump.truncated is None):
+        payload = loaded["rollout"][1] if "rollout" in loaded else load_dump(rollout_path)
+        _fill_from_rollout(dump, payload, rollout_path, train_payload["samples"])
+    return dump
+
+
+def iter_rollouts(directory: str | Path) -> Iterator[RolloutDump | Skipped]:
+    """Every rollout under ``directory`` in order: a :class:`RolloutDump`, or :class:`Skipped` with the reason."""
+    groups, skipped = find_rollouts(directory)
+    yield from skipped
+    for files in groups:
+        try:
+            yield read_rollout(files)
+        except DumpError as exc:
+            yield Skipped(", ".join(str(p) for p in files.paths), str(exc))
+
+
+def _short(exc: Exception, limit: int = 160) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _column(rows: list[dict[str, Any]], key: str, n_tokens: list[int], path: Path, label: str
+            ) -> list[torch.Tensor] | None:
+    """Per-sample 1-D tensors of ``key`` with ``n_tokens[i]`` entries each, or None if no sample has it."""
+    present = [row.get(key) is not None for row in rows]
+    if not any(present):
+        return None
+    if not all(present):
+        raise DumpError(f"{path}: {key} is present for only {sum(present)} of {len(rows)} samples")
+    out = []
+    for i, (row, n) in enumerate(zip(rows, n_tokens)):
+        tensor = _tensor(row[key], path, f"sample {i}: {key}")
+        if tensor.numel() != n:
+            raise DumpError(f"{path}: sample {i} ({label} {row.get('rollout_position', i)}): {key} has "
+                            f"{tensor.numel()} tokens but the response has {n}; the dump must hold full-length "
+                            "response tensors (context-parallel shards gathered)")
+        out.append(tensor)
+    return out
+
+
+def _tensor(value: Any, path: Path, what: str) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value).reshape(-1).float()
+    except (TypeError, ValueError, RuntimeError):
+        raise DumpError(f"{path}: {what} is not a list of numbers or a tensor ({type(value).__name__})") from None
+
+
+def _rollout_id(payload: Mapping[str, Any], default: int) -> int:
+    value = payload.get("rollout_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _lengths(rows: list[dict[str, Any]], key: str, path: Path) -> list[int]:
+    try:
+        return [int(row[key]) for row in rows]
+    except (KeyError, TypeError, ValueError):
+        raise DumpError(f"{path}: every sample needs an integer '{key}'") from None
+
+
+def _numbers(values: Any) -> list[float] | None:
+    if values is None:
+        return None
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return None
+    return out
+
+
+def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> RolloutDump:
+    rows = payload["samples"]
+    lengths = _lengths(rows, "response_lengths", path)
+    masks = _column(rows, "loss_masks", lengths, path, "rollout_position")
+    dump = RolloutDump(
+        rollout_id=_rollout_id(payload, rollout_id),
+        response_lengths=lengths,
+        loss_masks=masks if masks is not None else [torch.ones(n) for n in lengths],
+        rollout_log_probs=_column(rows, "rollout_log_probs", lengths, path, "rollout_position"),
+        train_log_probs=_column(rows, "log_probs", lengths, path, "rollout_position"),
+        files=[str(path)],
+    )
+    if all("truncated" in row for row in rows):
+        dump.truncated = [bool(row["truncated"]) for row in rows]
+    if all("rewards" in row for row in rows):
+        dump.rewards = _numbers(row["rewards"] for row in rows)
+    dump.raw_rewards = _numbers(payload.get("raw_reward"))
+    if dump.raw_rewards is None and all("local_raw_reward" in row for row in rows):
+        dump.raw_rewards = _numbers(row["local_raw_reward"] for row in rows)
+    if masks is None:
+        dump.notes.append("no loss_masks: every response token counted as trained")
+    if dump.train_log_probs is None:
+        dump.notes.append("train dump without log_probs (the training engine's): rollout-side statistics only")
+    return dump
+
+
+def _rollout_rows(payload: dict[str, Any], path: Path) -> tuple[list[dict[str, Any]], list[int], list[torch.Tensor]]:
+    rows = payload["samples"]
+    lengths = _lengths(rows, "response_length", path)
+    masks = []
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+        mask = row.get("loss_mask")
+        mask = torch.ones(n) if mask is None else _tensor(mask, path, f"sample {i}: loss_mask")
+        if mask.numel() != n:
+            raise DumpError(f"{path}: sample {i}: loss_mask has {mask.numel()} entries but response_length is {n}")
+        masks.append(mask * 0.0 if row.get("remove_sample") else mask)
+    return rows, lengths, masks
+
+
+def _truncated(rows: list[dict[str, Any]]) -> list[bool] | None:
+    """``status == "truncated"`` per Sample dict (None if a sample has no status)."""
+    if not all("status" in row for row in rows):
+        return None
+    return [getattr(row["status"], "value", row["status"]) == "truncated" for row in rows]
+
+
+def _from_rollout(rollout_id: int, payload: dict[str, Any], path: Path) -> RolloutDump:
+    rows, lengths, masks = _rollout_rows(payload, path)
+    return RolloutDump(
+        rollout_id=_rollout_id(payload, rollout_id),
+        response_lengths=lengths,
+        loss_masks=masks,
+        rollout_log_probs=_column(rows, "rollout_log_probs", lengths, path, "sample"),
+        truncated=_truncated(rows),
+        raw_rewards=_numbers(row.get("reward") for row in rows),
+        files=[str(path)],
+        notes=["rollout dump only: no training-engine log-probs"],
+    )
+
+
+def _fill_from_rollout(dump: RolloutDump, payload: dict[str, Any], path: Path, train_rows: list[dict[str, Any]]
+                       ) -> None:
+    """Fill ``rollout_log_probs`` / ``truncated`` of a train dump from the rollout dump, joined by rollout_position."""
+    rows, lengths, _ = _rollout_rows(payload, path)
+    try:
+        positions = [int(row["rollout_position"]) for row in train_rows]
+        picked = [rows[p] for p in positions]
+    except (KeyError, TypeError, ValueError, IndexError):
+        dump.notes.append(f"{path}: cannot join to the train dump by rollout_position; not used")
+        return
+    if [lengths[p] for p in positions] != dump.response_lengths:
+        dump.notes.append(f"{path}: response lengths differ from the train dump's; not used")
+        return
+    dump.files.append(str(path))
+    if dump.rollout_log_probs is None:
+        dump.rollout_log_probs = _column(picked, "rollout_log_probs", dump.response_lengths, path, "sample")
+        if dump.rollout_log_probs is not None:
+            dump.notes.append("rollout_log_probs taken from the rollout dump")
+    if dump.truncated is None:
+        dump.truncated = _truncated(picked)

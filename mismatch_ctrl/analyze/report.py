@@ -1,0 +1,271 @@
+"""The analysis a person reads: ``report.md`` (recommendations first, then per-rollout tables) and PNG plots.
+
+Every number comes from the result of :func:`.analysis.analyze_dumps`, the same dict ``--json`` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .stats import PRESET_NAMES
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if value and (abs(value) < 1e-2 or abs(value) >= 1e4) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(cell if isinstance(cell, str) else _fmt(cell) for cell in row) + " |" for row in rows]
+
+
+def _recommendations(result: dict[str, Any]) -> list[str]:
+    rec, replay, surge = result["recommendation"], result["dcgrpo_replay"], result["surge"]
+    lines = ["## Recommendations", ""]
+    if rec["eps_auto"] is None:
+        lines += ["No rollout has the training engine's log-probs (`log_probs` of a train dump), so the discrepancy, "
+                  "eps and the DC-GRPO replay are not available: dump with `--dump-details` (slime since 681b3ad "
+                  "writes `train_data/` with the training forward's log-probs), not `--save-debug-rollout-data` "
+                  "alone.", ""]
+    else:
+        partial = (f" (from only {rec['rollouts_measured']} rollouts: the rule needs {rec['calibration_rollouts']})"
+                   if rec["partial"] else "")
+        lines.append(f"**eps.** The `eps: auto` rule, {rec['rule']}, gives **eps = {_fmt(rec['eps_auto'], 4)}**"
+                     f"{partial}.")
+        spread = rec["window_spread"]
+        if spread:
+            lines.append(f"Applied to each of the {spread['windows']} windows of {rec['calibration_rollouts']} "
+                         f"consecutive rollouts it gives {_fmt(spread['min'], 4)} to {_fmt(spread['max'], 4)} "
+                         f"(median {_fmt(spread['median'], 4)}).")
+        c = rec["c_bar_over_rollouts"]
+        lines += [f"C_bar over rollouts: p10 {_fmt(c['p10'], 4)}, median {_fmt(c['p50'], 4)}, p90 {_fmt(c['p90'], 4)}. "
+                  f"Infeasible-budget floor (median C_bar of the first {replay['settings']['floor_rollouts']} "
+                  f"rollouts): {_fmt(rec['eps_floor'], 4)}; an eps below it makes lambda climb to lambda_max.", ""]
+        lines += _table(["eps candidate", "eps", "rollouts with C_bar > eps"],
+                        [[f"`{x['name']}`", _fmt(x["eps"], 4), _pct(x["fraction_above"])] for x in rec["candidates"]])
+        lines += ["", "Architecture defaults (configs/arch; ALGORITHMS.md section 2):", ""]
+        lines += _table(["architecture", "lambda_0", "eta", "eps", "lambda_max"],
+                        [[arch, d["lambda_0"], d["eta"], d["eps"], d["lambda_max"]]
+                         for arch, d in rec["arch_defaults"].items()])
+        s = replay["settings"]
+        eps_text = _fmt(s["eps"], 4) if not isinstance(s["eps"], str) else s["eps"]
+        lines += ["", f"**DC-GRPO replay** (`ControllerSet.step` over the recorded rollouts; signal `{s['signal']}`, "
+                      f"penalty `{s['penalty_form']}`, C_bar `{s['aggregation']}`): lambda_0 {_fmt(s['lambda_0'])}, "
+                      f"eta {_fmt(s['eta'])}, eps {eps_text}, lambda_max {_fmt(s['lambda_max'])}."]
+        if replay["guard_raised_eps"]:
+            lines.append(f"The infeasible-budget guard (`eps_guard: {s['eps_guard']}`) raised eps to "
+                         f"{_fmt(replay['eps_final'], 4)}: the chosen eps is below the floor "
+                         f"{_fmt(replay['eps_floor'], 4)}.")
+        lines.append(f"C_bar exceeded eps in {_pct(replay['fraction_above_eps'])} of the rollouts; lambda ends at "
+                     f"{_fmt(replay['lambda_final'], 4)} and sits at lambda_max after "
+                     f"{_pct(replay['fraction_at_lambda_max'])} of them; mean penalty share (|lambda c| / |A|) "
+                     f"{_fmt(replay['penalty_share_mean'])}.")
+        lines.append(_replay_verdict(replay))
+        lines += ["", "**Rollout correction presets** (what each would have rejected on these rollouts; TIS presets "
+                      "reject nothing and truncate the weights of the 'truncated' fraction):", ""]
+        lines += _table(["preset", "tokens rejected: mean / max", "sequences rejected: mean / max",
+                         "IS weights truncated"],
+                        [[f"`{name}`", f"{_pct(p['tokens_mean'])} / {_pct(p['tokens_max'])}",
+                          f"{_pct(p['sequences_mean'])} / {_pct(p['sequences_max'])}", _pct(p["clipped_mean"])]
+                         for name, p in result["presets"].items()])
+    max_len = result["max_response_len"]
+    lines += ["", f"**LR decay.** Surge detector: {surge['verdict']}."]
+    if surge["T_d"] is not None:
+        lines.append(f"The learning rate would be multiplied by {_fmt(surge['factor'])} at rollout "
+                     f"{surge['first_halving']} and every {surge['T_d']} rollouts after it, down to "
+                     f"{_fmt(surge['min_scale'])} x lr_0.")
+    if surge["configured_period"] is not None:
+        lines.append(f"The method sets a manual period of {surge['configured_period']} rollouts.")
+    lines.append(f"Maximum response length: {_fmt(max_len['value'])}" +
+                 (f" ({max_len['source']})." if max_len["source"] else
+                  ": unknown (no truncation recorded; pass --max-response-len for the truncation rate and the "
+                  "detector's truncation cap)."))
+    return lines + [""]
+
+
+def _replay_verdict(replay: dict[str, Any]) -> str:
+    at_max, above = replay["fraction_at_lambda_max"], replay["fraction_above_eps"]
+    if at_max is not None and at_max >= 0.5:
+        return ("Verdict: the budget is too tight for this stack (lambda saturates; ALGORITHMS.md: eps too small -> "
+                "lambda at lambda_max). Use a larger eps, e.g. the `eps: auto` value.")
+    if above is not None and above <= 0.05 and replay["lambda_final"] == 0.0:
+        return ("Verdict: the budget is loose (lambda decays to 0 and DC-GRPO acts like GRPO); a smaller eps would "
+                "let the constraint act.")
+    return "Verdict: the budget binds on part of the rollouts: lambda reacts without saturating."
+
+
+def _distribution(result: dict[str, Any]) -> list[str]:
+    pooled = result["prob_diff_pooled"]
+    if pooled is None:
+        return []
+    q, tail = pooled["quantiles"], pooled["tail"]
+    return ["## Per-token |p_train - p_rollout|, all rollouts", "",
+            f"Over {int(pooled['tokens'])} trained tokens (quantiles from a log-histogram, about 6% resolution; values "
+            "below 1e-8 read as 1e-8):", ""] + \
+        _table([*q, *(f"fraction {k}" for k in tail)], [[*(_fmt(v) for v in q.values()), *map(_pct, tail.values())]]) \
+        + [""]
+
+
+def _per_rollout(result: dict[str, Any]) -> list[str]:
+    rows = result["rollouts"]
+    header = ["rollout", "samples", "mean length", "truncated", "reward", "C_bar", "prob_diff_max", "Δp p50",
+              "Δp p99", "Δp > 0.1", "logprob_abs_diff", "log_ppl_abs_diff", "kl", "k3_kl", "training_log_ppl",
+              "rollout_log_ppl", "lambda", "eps in force"]
+    table = []
+    for r in rows:
+        q, tail = r.get("prob_diff_quantiles") or {}, r.get("prob_diff_tail") or {}
+        chosen = (r["replay"] or {}).get("chosen") or {}
+        table.append([r["rollout_id"], r["samples"], r["mean_response_length"], _pct(r["truncation_rate"]),
+                      r["reward_mean"], r.get("prob_diff_mean"), r.get("prob_diff_max"), q.get("p50"), q.get("p99"),
+                      _pct(tail.get(">0.1")), r.get("logprob_abs_diff"), r.get("log_ppl_abs_diff"), r.get("kl"),
+                      r.get("k3_kl"), r.get("training_log_ppl"), r.get("rollout_log_ppl"), chosen.get("lambda"),
+                      chosen.get("eps")])
+    lines = ["## Per rollout", "",
+             "Metrics with slime/verl names (ALGORITHMS.md section 6); C_bar = prob_diff_mean, the DC-GRPO signal; "
+             "Δp = per-token |p_train - p_rollout|. '-' = not in the dump (without training log-probs only the "
+             "rollout-side statistics exist).", ""]
+    lines += _table(header, table)
+    measured = [r for r in rows if "rejection" in r]
+    if measured:
+        lines += ["", "Rejected by each preset, tokens / sequences:", ""]
+        lines += _table(["rollout", *PRESET_NAMES],
+                        [[r["rollout_id"], *(f"{_pct(r['rejection'][p]['tokens'])} / "
+                                             f"{_pct(r['rejection'][p]['sequences'])}" for p in PRESET_NAMES)]
+                         for r in measured])
+    return lines + [""]
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "mismatch-ctrl analyze") -> Path:
+    """Write ``out_dir/report.md`` and ``out_dir/plots/*.png``; returns the report's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    counts, method = result["counts"], result["method"]
+    lines = [f"# Mismatch analysis of `{result['source']}`", "",
+             f"Generated {result['generated']} by `{command}`. Method `{method['name']}` ({method['file']}), "
+             f"architecture {method['architecture']} ({method['architecture_source']}).", "",
+             f"Read {counts['rollouts']} rollouts ({counts['first']} to {counts['last']}"
+             + (f"; missing {_ids(counts['missing_ids'])}" if counts["missing_ids"] else "")
+             + f"), {counts['with_train_log_probs']} with the training engine's log-probs.", ""]
+    lines += _recommendations(result) + _distribution(result)
+    try:
+        plots = write_plots(result, out_dir / "plots")
+    except ImportError:
+        plots = []
+        lines += ["Plots skipped: matplotlib is not installed (pip install 'mismatch-ctrl[lab]').", ""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.relative_to(out_dir).as_posix()})" for p in plots] + [""]
+    lines += _per_rollout(result)
+    notes = [(r["rollout_id"], note) for r in result["rollouts"] for note in r["notes"]]
+    if result["skipped"] or notes:
+        lines += ["## Skipped files and notes", ""]
+        lines += [f"- skipped `{s['path']}`: {s['reason']}" for s in result["skipped"]]
+        lines += [f"- rollout {rid}: {note}" for rid, note in notes]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _ids(ids: list[int], limit: int = 20) -> str:
+    text = ", ".join(map(str, ids[:limit]))
+    return text + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The five plots of the report (those without data are left out); ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = result["rollouts"]
+    measured = [r for r in rows if r["train_log_probs"]]
+    written = []
+
+    def save(fig: Any, name: str, ax: Any) -> None:
+        for axis in ax if isinstance(ax, (list, tuple)) else [ax]:
+            axis.set_xlabel("rollout")
+            axis.grid(alpha=0.3)
+            if axis.get_legend_handles_labels()[0]:
+                axis.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    if measured:
+        ids = [r["rollout_id"] for r in measured]
+        rec = result["recommendation"]
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        ax.plot(ids, [r["prob_diff_mean"] for r in measured], "o-", ms=3, lw=1.2, label="C_bar (prob_diff_mean)")
+        if rec["eps_auto"] is not None:
+            ax.axhline(rec["eps_auto"], color="C2", lw=1.5, label=f"eps: auto = {rec['eps_auto']:.3g}")
+        if rec["window_spread"]:
+            ax.axhspan(rec["window_spread"]["min"], rec["window_spread"]["max"], color="C2", alpha=0.15,
+                       label=f"eps: auto over {rec['calibration_rollouts']}-rollout windows")
+        for k, (arch, d) in enumerate(rec["arch_defaults"].items()):
+            ax.axhline(d["eps"], color=f"C{4 + k}", ls=":", lw=1.2, label=f"{arch} default eps {d['eps']:g}")
+        eps = [(r["rollout_id"], r["replay"]["chosen"]["eps"]) for r in measured if r["replay"]["chosen"]["eps"]]
+        if eps:
+            ax.step(*zip(*eps), where="post", color="C3", ls="--", lw=1.2, label="eps in force (replay)")
+        ax.set_yscale("log")
+        ax.set_title("discrepancy per rollout and the eps band")
+        save(fig, "discrepancy", ax)
+
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for k, name in enumerate(("chosen", "auto")):
+            ax.plot(ids, [r["replay"][name]["lambda"] for r in measured], lw=1.4, color=f"C{k}",
+                    label=f"lambda, {'chosen eps' if name == 'chosen' else 'eps: auto'}")
+        ax.axhline(result["dcgrpo_replay"]["settings"]["lambda_max"], color="gray", ls="--", lw=1, label="lambda_max")
+        ax.set_title("DC-GRPO multiplier replayed over the recorded discrepancies")
+        save(fig, "lambda", ax)
+
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for key in measured[0]["prob_diff_quantiles"]:
+            ax.plot(ids, [r["prob_diff_quantiles"][key] for r in measured], lw=1.2, label=key)
+        ax.plot(ids, [r["prob_diff_max"] for r in measured], "k:", lw=1, label="max")
+        ax.set_yscale("log")
+        ax.set_title("per-token |p_train - p_rollout| quantiles")
+        save(fig, "prob_diff_quantiles", ax)
+
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+        for ax, part in zip(axes, ("tokens", "sequences")):
+            for k, name in enumerate(PRESET_NAMES):
+                ax.plot(ids, [r["rejection"][name][part] for r in measured], lw=1.4, color=f"C{k}", label=name,
+                        ls=("-", "--", ":", "-.")[k % 4])
+            ax.set_title(f"fraction of {part} each preset rejects")
+        save(fig, "rejection", list(axes))
+
+    surge = result["surge"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.plot([r["rollout_id"] for r in rows], [r["mean_response_length"] for r in rows], lw=1.4,
+            label="mean response length")
+    baseline = [(i, b) for i, b in zip(surge["series"]["rollout_id"], surge["series"]["baseline"]) if b is not None]
+    if baseline:
+        ax.plot(*zip(*baseline), color="gray", lw=1, ls="--", label="detector baseline")
+    if surge["onset"] is not None:
+        ax.axvline(surge["onset"], color="C1", lw=1.2, label=f"surge onset {surge['onset']}")
+        ax.axvline(surge["triggered_at"], color="C3", lw=1.2, label=f"trigger {surge['triggered_at']}")
+    if surge["max_response_len"]:
+        ax.axhline(surge["max_response_len"], color="k", ls=":", lw=1, label="max response length")
+    truncation = [(r["rollout_id"], r["truncation_rate"]) for r in rows if r["truncation_rate"] is not None]
+    if truncation:
+        twin = ax.twinx()
+        twin.plot(*zip(*truncation), color="C2", lw=0.8, alpha=0.7)
+        twin.set_ylabel("truncation rate (green)")
+        twin.set_ylim(0, 1)
+    ax.set_title(f"response length and the surge detector: {surge['verdict'].split(':')[0]}")
+    save(fig, "response_length", ax)
+    return written

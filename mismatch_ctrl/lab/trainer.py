@@ -1,0 +1,302 @@
+"""GRPO on the tiny policy, driven exactly the way slime drives ``mismatch_ctrl``'s hooks.
+
+One rollout (= one training iteration), as in slime with ``--colocate``:
+
+1. the rollout engine (quantised copy of the policy) samples ``prompts x samples`` responses with its own log-probs;
+2. rewards are group-normalised (``(r - mean) / (std + 1e-6)`` per prompt, slime's GRPO default);
+3. the fp32 policy recomputes the old-policy log-probs (Megatron's recompute, forced by ``--get-mismatch-metrics``);
+4. ``hooks.advantages(args, rollout_data)`` once, with slime-shaped ``args`` and ``rollout_data``;
+5. per optimizer step ``hooks.before_train_step``; per micro-batch the PPO clipped surrogate, then
+   ``hooks.rollout_correction`` and slime's reduction (per-sample mean with the returned masks in the numerator and
+   the original mask counts as denominators, divided by the global batch size);
+6. Adam step, then the weight sync re-quantises the engine.
+
+With ``dump_details`` each rollout's batch is also written in slime's ``--dump-details`` format
+(``<run>/dump/train_data/<rollout>.pt``), which ``mismatch-ctrl analyze`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from argparse import Namespace
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..analyze.dumps import samples_from_rollout_data, write_train_dump
+from ..batch import Segments
+from ..slime import hooks
+from ..slime.runtime import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK
+from .engine import RolloutEngine
+from .methods import RunSpec, method_section
+from .policy import PolicyConfig, TinyPolicy
+from .task import make_task
+
+PREFIX = "mismatch_ctrl/"
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    """Everything but the method and the quantisation mode that defines a lab run."""
+
+    task: str = "add"
+    steps: int = 200
+    lr: float = 1e-3
+    seed: int = 0
+    prompts_per_step: int = 32
+    samples_per_prompt: int = 8
+    optimizer_steps: int = 2
+    micro_batches: int = 2
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    temperature: float = 1.0
+    max_new_tokens: int | None = None
+    eval_every: int = 20
+    eval_prompts: int = 256
+    collapse_window: int = 10
+    dump_details: bool = False
+
+    def __post_init__(self) -> None:
+        batch = self.prompts_per_step * self.samples_per_prompt
+        if batch % (self.optimizer_steps * self.micro_batches):
+            raise ValueError(f"prompts_per_step x samples_per_prompt ({batch}) must be a multiple of "
+                             f"optimizer_steps x micro_batches ({self.optimizer_steps} x {self.micro_batches})")
+        for name in ("steps", "prompts_per_step", "eval_every", "eval_prompts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.samples_per_prompt < 2:
+            raise ValueError("samples_per_prompt must be >= 2 (GRPO normalises rewards within a prompt's group)")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt // self.optimizer_steps
+
+
+class ConstantLRScheduler:
+    """The part of Megatron's ``OptimizerParamScheduler`` the hooks rely on, constant decay style: each group's LR
+    is its ``max_lr`` (slime with ``--lr-decay-style constant``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.num_steps = 0
+
+    def get_lr(self, param_group: dict[str, Any]) -> float:
+        return param_group["max_lr"]
+
+    def step(self, increment: int) -> None:
+        self.num_steps += increment
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.get_lr(group)
+
+
+def slime_args(spec: RunSpec, settings: LabSettings, max_response_len: int, state_dir: Path | None) -> Namespace:
+    """The ``args`` slime would pass to the hooks for this run (the YAML's keys merged, our hook paths set)."""
+    return Namespace(
+        mismatch_ctrl=method_section(spec.method),
+        num_experts=0,
+        save=str(state_dir) if state_dir else None, load=None, finetune=False, start_rollout_id=0,
+        save_interval=None, num_rollout=settings.steps,
+        lr=settings.lr, min_lr=0.0,
+        custom_advantage_function_path=ADVANTAGE_HOOK,
+        custom_tis_function_path=TIS_HOOK,
+        custom_megatron_before_train_step_hook_path=LR_HOOK,
+        custom_megatron_init_path="mismatch_ctrl.slime.hooks.on_megatron_init",
+        get_mismatch_metrics=True, use_tis=False, advantage_estimator="grpo", normalize_advantages=False,
+        rollout_max_response_len=max_response_len, rollout_temperature=settings.temperature,
+        rollout_batch_size=settings.prompts_per_step, n_samples_per_prompt=settings.samples_per_prompt,
+        global_batch_size=settings.global_batch_size, eps_clip=settings.eps_clip, eps_clip_high=settings.eps_clip_high,
+    )
+
+
+def group_normalize(rewards: Tensor, group: int) -> Tensor:
+    """slime's GRPO reward normalisation: per prompt, ``(r - mean) / (std + 1e-6)``."""
+    grouped = rewards.reshape(-1, group)
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    return (centered / (grouped.std(dim=1, keepdim=True) + 1e-6)).reshape(-1)
+
+
+def policy_loss(ppo_kl: Tensor, advantages: Tensor, eps_clip: float, eps_clip_high: float) -> Tensor:
+    """PPO clipped surrogate per token (slime's ``compute_policy_loss``): ``max(-A r, -A clip(r, 1-e, 1+e_high))``."""
+    ratio = torch.exp(-ppo_kl)
+    return torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high))
+
+
+def token_mean_metrics(metrics: dict[str, Tensor], segments: Segments, mask: Tensor) -> dict[str, float]:
+    """slime's reduction of TIS metrics: per-sample masked mean, then mean over samples (with trained tokens)."""
+    counts = segments.sum(mask)[:, 0]
+    valid = counts > 0
+    out = {}
+    for name, value in metrics.items():
+        per_sample = segments.sum(value * mask)[:, 0] / counts.clamp_min(1.0)
+        out[name] = float(per_sample[valid].mean()) if bool(valid.any()) else 0.0
+    return out
+
+
+def collapse_step(rewards: list[float], window: int) -> int | None:
+    """First step where the trailing ``window``-step mean training reward falls below half its best so far (a best
+    of at least 0.1) and never recovers above three quarters of it [ours]."""
+    best, candidate, total = 0.0, None, 0.0
+    for i, reward in enumerate(rewards):
+        total += reward - (rewards[i - window] if i >= window else 0.0)
+        value = total / min(i + 1, window)
+        if candidate is not None and value >= 0.75 * best:
+            candidate = None
+        best = max(best, value)
+        if candidate is None and best >= 0.1 and value < 0.5 * best:
+            candidate = i
+    return candidate
+
+
+class Trainer:
+    """One lab run: a policy, its rollout engine, an optimizer and the slime-shaped arguments of the hooks."""
+
+    def __init__(self, spec: RunSpec, settings: LabSettings, policy_state: dict[str, Any], out_dir: Path) -> None:
+        torch.manual_seed(settings.seed)
+        self.spec, self.settings, self.out_dir = spec, settings, out_dir
+        self.task = make_task(settings.task, seed=settings.seed)
+        self.policy = TinyPolicy(PolicyConfig(**policy_state["policy_config"]))
+        self.policy.load_state_dict(policy_state["state_dict"])
+        self.engine = RolloutEngine(self.policy, spec.quant)
+        self.reference = RolloutEngine(self.policy, "none")
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=settings.lr)
+        for group in self.optimizer.param_groups:
+            group.update(max_lr=settings.lr, min_lr=0.0)
+        self.scheduler = ConstantLRScheduler(self.optimizer)
+        self.max_new = settings.max_new_tokens or self.task.generation_len
+        self.args = slime_args(spec, settings, self.max_new, out_dir / "state")
+        hooks.on_megatron_init(self.args)
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.eval_prompts = self.task.eval_prompts(settings.eval_prompts)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy exact-match accuracy on held-out prompts: FP8 engine (deployed) and fp32 policy."""
+        self.reference.sync(self.policy)
+        out = {}
+        for name, engine in (("eval_acc_engine", self.engine), ("eval_acc_fp32", self.reference)):
+            rollout = engine.greedy(self.eval_prompts, self.max_new)
+            out[name] = float(self.task.reward(rollout.prompts, rollout.responses).mean())
+        return out
+
+    def rollout_data(self, step: int) -> tuple[dict[str, Any], Any, Tensor]:
+        """Sample one rollout and build slime's ``rollout_data`` (DP-local = everything, CP = 1)."""
+        s = self.settings
+        prompts = self.task.make_prompts(s.prompts_per_step, self.generator)
+        rollout = self.engine.generate(prompts, s.samples_per_prompt, s.temperature, self.max_new, self.generator)
+        raw = self.task.reward(rollout.prompts, rollout.responses)
+        mask = rollout.response_mask
+        with torch.inference_mode():
+            old = self.policy.token_log_probs(rollout.tokens, rollout.prompt_len, mask, s.temperature)
+        lengths = rollout.response_lengths.tolist()
+        segments = Segments(lengths)
+        data = {
+            "rewards": group_normalize(raw, s.samples_per_prompt).tolist(),
+            "raw_reward": raw.tolist(),
+            "response_lengths": lengths,
+            "total_lengths": [rollout.prompt_len + n for n in lengths],
+            "loss_masks": [torch.ones(n, dtype=torch.int) for n in lengths],
+            "rollout_log_probs": segments.split(rollout.rollout_log_probs[mask]),
+            "log_probs": segments.split(old[mask].clone()),
+            "kl": [torch.zeros(n) for n in lengths],
+            "truncated": rollout.truncated.long().tolist(),
+        }
+        return data, rollout, raw
+
+    def train_rollout(self, step: int, data: dict[str, Any], rollout: Any) -> dict[str, float]:
+        """The optimizer steps of one rollout; returns the hook's train metrics averaged like slime logs them."""
+        s = self.settings
+        order = torch.randperm(len(data["rewards"]), generator=self.generator)
+        per_step = order.numel() // s.optimizer_steps
+        train_metrics: dict[str, list[float]] = {}
+        for opt_step in range(s.optimizer_steps):
+            hooks.before_train_step(self.args, step, opt_step, [self.policy], self.optimizer, self.scheduler)
+            self.optimizer.zero_grad(set_to_none=True)
+            chunk = order[opt_step * per_step:(opt_step + 1) * per_step]
+            for micro in chunk.chunk(s.micro_batches):
+                for name, value in self._micro_batch(micro.tolist(), data, rollout).items():
+                    train_metrics.setdefault(name, []).append(value)
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+            train_metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
+            self.optimizer.step()
+            self.scheduler.step(s.global_batch_size)
+        self.engine.sync(self.policy)
+        return {name: sum(values) / len(values) for name, values in train_metrics.items()}
+
+    def _micro_batch(self, index: list[int], data: dict[str, Any], rollout: Any) -> dict[str, float]:
+        s = self.settings
+
+        def pick(key: str) -> list[Any]:
+            return [data[key][i] for i in index]
+
+        lengths = pick("response_lengths")
+        segments = Segments(lengths)
+        mask = rollout.response_mask[index]
+        new = self.policy.token_log_probs(rollout.tokens[index], rollout.prompt_len, mask, s.temperature)[mask]
+        old = torch.cat(pick("log_probs"))
+        advantages = torch.cat(pick("advantages"))
+        pg_loss = policy_loss(old - new, advantages, s.eps_clip, s.eps_clip_high)
+        loss_masks = pick("loss_masks")
+        pg_loss, masks, metrics = hooks.rollout_correction(
+            self.args, pg_loss=pg_loss, train_log_probs=pick("log_probs"), rollout_log_probs=pick("rollout_log_probs"),
+            loss_masks=loss_masks, total_lengths=pick("total_lengths"), response_lengths=lengths)
+        kept = torch.cat(masks).float()
+        denominators = segments.sum(torch.cat(loss_masks).float())[:, 0].clamp_min(1.0)
+        loss = (segments.sum(pg_loss * kept)[:, 0] / denominators).sum() / s.global_batch_size
+        loss.backward()
+        return token_mean_metrics(metrics, segments, torch.cat(loss_masks).float())
+
+    def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Train for ``settings.steps`` rollouts; write ``metrics.jsonl``; return the run's summary."""
+        s = self.settings
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        records = []
+        with open(self.out_dir / "metrics.jsonl", "w") as log:
+            for step in range(s.steps):
+                record: dict[str, Any] = {"step": step}
+                if step % s.eval_every == 0:
+                    record.update(self.evaluate())
+                data, rollout, raw = self.rollout_data(step)
+                hooks.advantages(self.args, data)
+                if s.dump_details:
+                    write_train_dump(self.out_dir / "dump", step, *samples_from_rollout_data(data))
+                record.update(reward=float(raw.mean()), response_length=float(rollout.response_lengths.float().mean()),
+                              truncated_fraction=float(rollout.truncated.float().mean()))
+                record.update({k[len(PREFIX):]: v[0] for k, v in data.items() if k.startswith(PREFIX)})
+                record.update({f"train/{k}": v for k, v in self.train_rollout(step, data, rollout).items()})
+                if step == s.steps - 1:
+                    record.update({f"final_{k}": v for k, v in self.evaluate().items()})
+                record["seconds"] = time.perf_counter() - start
+                records.append(record)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                if progress is not None:
+                    progress(1)
+        return summarize(self.spec, s, records)
+
+
+def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the report: accuracies, discrepancy, collapse step and wall time of a run."""
+    evals = [r for r in records if "eval_acc_engine" in r]
+    last = records[-1]
+    final = {"eval_acc_engine": last["final_eval_acc_engine"], "eval_acc_fp32": last["final_eval_acc_fp32"]}
+    evals.append(final)
+    discrepancy = [r["discrepancy"] for r in records if "discrepancy" in r]
+    return {
+        "label": spec.label, "method": spec.method, "quant": spec.quant, "settings": asdict(settings),
+        "final_acc_engine": evals[-1]["eval_acc_engine"], "best_acc_engine": max(r["eval_acc_engine"] for r in evals),
+        "final_acc_fp32": evals[-1]["eval_acc_fp32"], "best_acc_fp32": max(r["eval_acc_fp32"] for r in evals),
+        "initial_acc_engine": evals[0]["eval_acc_engine"],
+        "final_reward": sum(r["reward"] for r in records[-settings.collapse_window:]) / min(len(records),
+                                                                                           settings.collapse_window),
+        "discrepancy_mean": sum(discrepancy) / len(discrepancy) if discrepancy else 0.0,
+        "discrepancy_max": max(discrepancy, default=0.0),
+        "collapse_step": collapse_step([r["reward"] for r in records], settings.collapse_window),
+        "seconds": records[-1]["seconds"],
+        "seconds_per_step": records[-1]["seconds"] / len(records),
+    }

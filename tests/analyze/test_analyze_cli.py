@@ -1,0 +1,99 @@
+"""``mismatch-ctrl analyze``: report, plots and JSON carry the same numbers; errors exit 2 with a message."""
+
+import json
+
+import pytest
+import torch
+
+from mismatch_ctrl.analyze.dumps import samples_from_rollout_data, write_train_dump
+from mismatch_ctrl.analyze.report import _fmt, _pct
+from mismatch_ctrl.cli import main
+
+from .synthetic import make_rollout, write_run
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("dumps")
+    g = torch.Generator().manual_seed(3)
+    write_run(directory, [make_rollout(i, g, samples=6, noise=0.03) for i in range(12)])
+    (directory / "train_data" / "12.pt").write_bytes(b"\x80\x04truncated")
+    return directory
+
+
+def test_report_plots_and_json_agree(dumps, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(dumps), "--out", str(out), "--json", "-", "--arch", "dense"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert f"report: {out / 'report.md'}" in captured.err
+    report = (out / "report.md").read_text()
+    assert {p.name for p in (out / "plots").iterdir()} == {"discrepancy.png", "lambda.png", "prob_diff_quantiles.png",
+                                                          "rejection.png", "response_length.png"}
+    assert result["counts"]["rollouts"] == 12 and result["method"]["architecture"] == "dense"
+    assert [s["path"] for s in result["skipped"]] == [str(dumps / "train_data" / "12.pt")]
+    assert "skipped `" + str(dumps / "train_data" / "12.pt") in report
+    rec = result["recommendation"]
+    assert f"**eps = {_fmt(rec['eps_auto'], 4)}**" in report
+    for candidate in rec["candidates"]:
+        row = f"| `{candidate['name']}` | {_fmt(candidate['eps'], 4)} | {_pct(candidate['fraction_above'])} |"
+        assert row in report
+    replay = result["dcgrpo_replay"]
+    assert f"C_bar exceeded eps in {_pct(replay['fraction_above_eps'])} of the rollouts" in report
+    geo = result["presets"]["geo_mis"]
+    assert f"| `geo_mis` | {_pct(geo['tokens_mean'])} / {_pct(geo['tokens_max'])} |" in report
+    first = result["rollouts"][0]
+    assert f"| 0 | 6 | {_fmt(first['mean_response_length'])} | {_pct(first['truncation_rate'])} |" in report
+    assert result["surge"]["verdict"] in report
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    """Skip the PNGs (about a second each run) in tests that check other outputs."""
+    monkeypatch.setattr("mismatch_ctrl.analyze.report.write_plots", lambda result, out_dir: [])
+
+
+def test_json_to_a_file_and_default_output_directory(dumps, tmp_path, capsys, no_plots):
+    target = tmp_path / "analysis.json"
+    assert main(["analyze", str(dumps), "--json", str(target), "--eps", "auto", "--lambda-0", "0.3"]) == 0
+    assert (dumps / "analysis" / "report.md").is_file()
+    result = json.loads(target.read_text())
+    assert result["dcgrpo_replay"]["settings"]["eps"] == "auto"
+    assert result["dcgrpo_replay"]["settings"]["lambda_0"] == 0.3
+    assert result["dcgrpo_replay"]["eps_final"] == pytest.approx(result["recommendation"]["eps_auto"])
+
+
+def test_errors_exit_2_with_a_message(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path)]) == 2
+    assert "no dump files" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    write_run(tmp_path, [make_rollout(0, torch.Generator().manual_seed(0))])
+    assert main(["analyze", str(tmp_path), "--config", "no_such_method"]) == 2
+    assert "--config no_such_method: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", str(tmp_path), "--eps", "0"])
+    assert exit_info.value.code == 2 and "must be a number > 0 or 'auto'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "--help"])
+    assert exit_info.value.code == 0 and "--max-response-len" in capsys.readouterr().out
+
+
+def test_a_lab_style_rollout_data_dump_is_analysed(tmp_path, capsys, no_plots):
+    """The CPU lab's rollout_data (CP = 1, one DP rank, hook metrics as per-sample lists) through the writer."""
+    g = torch.Generator().manual_seed(9)
+    for step in range(3):
+        r = make_rollout(step, g, samples=4)
+        data = {
+            "rewards": r.rewards, "raw_reward": r.raw, "response_lengths": r.lengths,
+            "total_lengths": [5 + n for n in r.lengths], "loss_masks": [m.int() for m in r.masks],
+            "rollout_log_probs": r.rollout, "log_probs": r.train, "kl": [torch.zeros(n) for n in r.lengths],
+            "truncated": r.truncated, "advantages": [torch.full((n,), a) for n, a in zip(r.lengths, r.rewards)],
+            "mismatch_ctrl/discrepancy": [0.01] * 4,
+        }
+        write_train_dump(tmp_path, step, *samples_from_rollout_data(data))
+    assert main(["analyze", str(tmp_path), "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["counts"] == {"rollouts": 3, "with_train_log_probs": 3, "first": 0, "last": 2, "missing_ids": []}
+    assert all(row["files"] == [str(tmp_path / "train_data" / f"{row['rollout_id']}.pt")]
+               for row in result["rollouts"])

@@ -1,0 +1,212 @@
+"""The `--dry-run` command of every launcher: flags and values that matter, checkpoints, hooks, runtime env."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch_harness import (HOOKS, KNOWN_TRAIN_FLAGS, LAUNCHERS, MODELS, REPO, Sandbox, contains_run, model_args,
+                            options, ray_option, split_submit)
+
+# What the issue asks of the Qwen3-30B-A3B runs (and slime spells so).
+EXPECTED_30B = {
+    "--tensor-model-parallel-size": ["2"], "--sequence-parallel": [], "--expert-model-parallel-size": ["8"],
+    "--expert-tensor-parallel-size": ["1"], "--pipeline-model-parallel-size": ["1"], "--context-parallel-size": ["1"],
+    "--rollout-num-gpus-per-engine": ["4"], "--colocate": [],
+    "--optimizer-cpu-offload": [], "--overlap-cpu-optimizer-d2h-h2d": [], "--use-precision-aware-optimizer": [],
+    "--rollout-batch-size": ["64"], "--n-samples-per-prompt": ["8"], "--global-batch-size": ["128"],
+    "--rollout-max-response-len": ["8192"], "--rollout-temperature": ["1"], "--lr": ["1e-6"],
+    "--eps-clip": ["0.2"], "--eps-clip-high": ["0.28"], "--advantage-estimator": ["grpo"],
+    "--get-mismatch-metrics": [], "--custom-rm-path": ["recipes.qwen3_30b_a3b.reward.rm"],
+    "--input-key": ["prompt"], "--label-key": ["label"], "--apply-chat-template": [], "--rollout-shuffle": [],
+    "--actor-num-nodes": ["1"], "--actor-num-gpus-per-node": ["8"], "--num-gpus-per-node": ["8"],
+    "--eval-config": [str(REPO / "recipes" / "qwen3_30b_a3b" / "eval.yaml")],
+    "--use-dynamic-batch-size": [], "--recompute-granularity": ["full"],
+    **{flag: [path] for flag, path in HOOKS.items()},
+}
+ABSENT_BY_DEFAULT = ("--use-kl-loss", "--kl-loss-coef", "--kl-coef", "--use-rollout-routing-replay", "--use-tis",
+                     "--use-rollout-logprobs", "--use-wandb", "--use-tensorboard", "--skip-eval-before-train")
+
+
+def single_values(found: dict[str, list[list[str]]]) -> dict[str, list[str]]:
+    """flag -> its values, asserting that no launcher flag is given twice (argparse would silently keep the last)."""
+    repeated = [flag for flag, uses in found.items() if len(uses) > 1]
+    assert not repeated, f"flags given more than once: {repeated}"
+    return {flag: uses[0] for flag, uses in found.items()}
+
+
+@pytest.mark.parametrize("script", sorted(LAUNCHERS))
+def test_each_launcher_selects_its_method_and_model(sandbox: Sandbox, script: str) -> None:
+    method, model = LAUNCHERS[script]
+    facts = MODELS[model]
+    optional = {"WANDB_PROJECT": "p", "WANDB_TEAM": "t", "TENSORBOARD_DIR": "/tb", "SKIP_EVAL_BEFORE_TRAIN": "1"}
+    if facts["num_experts"]:
+        optional["ROUTING_REPLAY"] = "1"
+    result = sandbox.run(script, "--dry-run", env=optional)  # default paths: none exists, so warnings, exit 0
+    assert result.returncode == 0, result.stderr
+
+    _, train = split_submit(result.command())
+    found = options(train)
+    unknown = sorted(set(found) - KNOWN_TRAIN_FLAGS)
+    assert not unknown, f"flags not checked against slime/Megatron: {unknown}"
+    values = single_values(found)
+    config = REPO / "configs" / "methods" / f"{method}.yaml"
+    assert config.is_file()
+    assert values["--custom-config-path"] == [str(config)]
+    assert values["--get-mismatch-metrics"] == [] and values["--custom-tis-function-path"]  # slime requires both
+    for flag, path in HOOKS.items():
+        assert values[flag] == [path]
+    assert values["--hf-checkpoint"] == [f"/root/{facts['hf_name']}-FP8"]
+    assert values["--ref-load"] == [f"/root/{facts['hf_name']}_torch_dist"]
+    assert values["--save"] == [f"/root/runs/{model}_{method}"]  # baselines never share a checkpoint dir
+    assert contains_run(train, model_args(model))
+    # The method YAML was validated with the model's architecture (Megatron --num-experts).
+    assert sandbox.check_config_calls() == [
+        ["-m", "mismatch_ctrl", "check-config", str(config), "--num-experts", str(facts["num_experts"])]]
+
+
+def test_8b_uses_the_dense_layout(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster("qwen3_8b")
+    result = sandbox.run("qwen3_8b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr, result.stderr
+    # check-config resolves the architecture from Megatron's --num-experts: 0 selects the dense DC-GRPO defaults.
+    assert [call[-2:] for call in sandbox.check_config_calls()] == [["--num-experts", "0"]]
+
+    _, train = split_submit(result.command())
+    values = single_values(options(train))
+    assert values["--tensor-model-parallel-size"] == ["2"]
+    assert values["--sequence-parallel"] == []
+    assert values["--rollout-num-gpus-per-engine"] == ["2"]
+    assert "--num-experts" not in values
+    assert "--expert-model-parallel-size" not in values and "--expert-tensor-parallel-size" not in values
+    assert "--optimizer-cpu-offload" not in values
+    assert values["--hf-checkpoint"] == [cluster["FP8_HF_DIR"]] and cluster["FP8_HF_DIR"].endswith("Qwen3-8B-FP8")
+    assert values["--ref-load"] == [cluster["TORCH_DIST_DIR"]]
+    assert contains_run(train, model_args("qwen3_8b"))
+
+
+def test_environment_overrides(sandbox: Sandbox) -> None:
+    env = {"NUM_NODES": "2", "METHOD": "geo_mis", "ROUTING_REPLAY": "1", "WANDB_PROJECT": "mc", "WANDB_TEAM": "lab",
+           "TENSORBOARD_DIR": "/tb", "OPTIMIZER_CPU_OFFLOAD": "0", "EVAL_INTERVAL": "0", "NUM_ROLLOUT": "7",
+           "RAY_ADDRESS": "http://10.0.0.1:8265", "LR": "2e-6", "PASS_ENV": "RECIPE_RM_WORKERS",
+           "RECIPE_RM_WORKERS": "4", "NCCL_NVLS_ENABLE": "1"}
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", "--", "--sglang-ep-size", "4", env=env)
+    assert result.returncode == 0, result.stderr
+
+    ray_part, train = split_submit(result.command())
+    assert ray_option(ray_part, "--address") == "http://10.0.0.1:8265"
+    env_vars = json.loads(ray_option(ray_part, "--runtime-env-json"))["env_vars"]
+    assert env_vars["TENSORBOARD_DIR"] == "/tb"
+    assert env_vars["RECIPE_RM_WORKERS"] == "4"
+    assert env_vars["NCCL_NVLS_ENABLE"] == "1"
+    values = single_values(options(train))
+    assert values["--actor-num-nodes"] == ["2"]
+    assert values["--actor-num-gpus-per-node"] == ["8"]
+    assert values["--custom-config-path"] == [str(REPO / "configs" / "methods" / "geo_mis.yaml")]
+    assert values["--save"] == ["/root/runs/qwen3_30b_a3b_geo_mis"]
+    assert values["--use-rollout-routing-replay"] == []
+    assert values["--use-wandb"] == [] and values["--wandb-project"] == ["mc"] and values["--wandb-team"] == ["lab"]
+    assert values["--wandb-group"] == ["qwen3_30b_a3b_geo_mis"]
+    assert values["--use-tensorboard"] == []
+    assert values["--num-rollout"] == ["7"]
+    assert values["--lr"] == ["2e-6"]
+    for flag in ("--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer",
+                 "--eval-config", "--eval-interval"):
+        assert flag not in values, flag
+    assert train[-2:] == ["--sglang-ep-size", "4"]  # arguments after -- come last, so they win
+
+
+def test_nvls_auto_follows_nvlink(sandbox: Sandbox) -> None:
+    sandbox.add_nvidia_smi(nvlink=True)
+    with_link = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
+    sandbox.add_nvidia_smi(nvlink=False)
+    without_link = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
+    nvls = []
+    for result in (with_link, without_link):
+        ray_part, _ = split_submit(result.command())
+        nvls.append(json.loads(ray_option(ray_part, "--runtime-env-json"))["env_vars"]["NCCL_NVLS_ENABLE"])
+    assert nvls == ["1", "0"]
+
+
+def test_dry_run_on_a_laptop_warns_about_every_missing_path(sandbox: Sandbox) -> None:
+    missing = sandbox.root / "nowhere"
+    env = {"SLIME_DIR": f"{missing}/slime", "MEGATRON_DIR": f"{missing}/Megatron-LM", "FP8_HF_DIR": f"{missing}/fp8",
+           "TORCH_DIST_DIR": f"{missing}/td", "DATA_DIR": f"{missing}/data"}
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    for name in ("SLIME_DIR", "MEGATRON_DIR", "FP8_HF_DIR", "TORCH_DIST_DIR", "PROMPT_DATA", "aime24.jsonl",
+                 "olympiadbench.jsonl"):
+        assert any(name in line for line in warnings), name
+    assert result.command()[:3] == ["ray", "job", "submit"]
+    assert not sandbox.calls("ray")
+
+
+def test_dry_run_warns_about_an_fp8_dir_of_the_wrong_kind(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster(fp8_quantized=False)
+    config = Path(cluster["FP8_HF_DIR"]) / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 48', '"num_hidden_layers": 36'))
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert any("FP8_HF_DIR" in line and "no quantization_config" in line and "[128, 128]" in line
+               for line in warnings), result.stderr
+    assert any("num_hidden_layers 36, MODEL_ARGS_FILE says 48" in line for line in warnings), result.stderr
+
+
+def test_dry_run_warns_about_a_wrong_block_size(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster()
+    config = Path(cluster["FP8_HF_DIR"]) / "config.json"
+    config.write_text(config.read_text().replace("[128, 128]", "[64, 64]"))
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0, result.stderr
+    assert "weight_block_size [64, 64]; expected fp8 and [128, 128]" in result.stderr
+
+
+def test_resume_is_reported(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster()
+    save = sandbox.root / "cluster" / "runs" / "run"
+    save.mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_text("39")
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0, result.stderr
+    assert "holds iteration 39" in result.stderr
+
+
+def test_30b_dcgrpo_command_on_a_prepared_cluster(slow_runs) -> None:
+    _, result, cluster = slow_runs.get("real_check_30b")
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr, result.stderr
+    # The real check-config validated the method YAML for a MoE model (128 experts from the recipe's model args).
+    assert "architecture moe" in result.stderr
+
+    argv = result.command()
+    assert argv[:3] == ["ray", "job", "submit"]
+    ray_part, train = split_submit(argv)
+    assert ray_option(ray_part, "--address") == "http://127.0.0.1:8265"
+    assert argv[argv.index("--") + 2] == f"{cluster['SLIME_DIR']}/train.py"
+    env_vars = json.loads(ray_option(ray_part, "--runtime-env-json"))["env_vars"]
+    assert env_vars["PYTHONPATH"].split(":") == [cluster["MEGATRON_DIR"], cluster["SLIME_DIR"], str(REPO)]
+    assert env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert env_vars["DATA_DIR"] == cluster["DATA_DIR"]  # eval.yaml resolves ${oc.env:DATA_DIR} in the driver
+    assert env_vars["NCCL_NVLS_ENABLE"] in {"0", "1"}
+
+    values = single_values(options(train))
+    for flag, expected in EXPECTED_30B.items():
+        assert values.get(flag) == expected, (flag, values.get(flag))
+    for flag in ABSENT_BY_DEFAULT:
+        assert flag not in values, flag
+    # SGLang serves the FP8 Hugging Face checkpoint; Megatron trains from the BF16 torch_dist one.
+    assert values["--hf-checkpoint"] == [cluster["FP8_HF_DIR"]]
+    assert values["--ref-load"] == [cluster["TORCH_DIST_DIR"]]
+    assert values["--load"] == values["--save"] == [cluster["SAVE_DIR"]]
+    assert int(values["--save-interval"][0]) > 0
+    assert cluster["MODEL_DIR"] not in train
+    assert values["--prompt-data"] == [f"{cluster['DATA_DIR']}/dapo-math-17k.jsonl"]
+    assert values["--custom-config-path"] == [str(REPO / "configs" / "methods" / "dcgrpo.yaml")]
+    steps, remainder = divmod(64 * 8, int(values["--global-batch-size"][0]))
+    assert (steps, remainder) == (4, 0)
+    assert contains_run(train, model_args("qwen3_30b_a3b"))

@@ -1,0 +1,60 @@
+"""docker/Dockerfile, checked statically (docker cannot run here)."""
+
+from __future__ import annotations
+
+import re
+
+from launch_harness import REPO
+
+DOCKERFILE = (REPO / "docker" / "Dockerfile").read_text()
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs with line continuations joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", DOCKERFILE)
+    pairs = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            pairs.append((keyword.upper(), rest.strip()))
+    return pairs
+
+
+def test_base_image_is_a_pinned_slime_tag() -> None:
+    bases = [rest for keyword, rest in instructions() if keyword == "FROM"]
+    assert len(bases) == 1
+    image, _, tag = bases[0].partition(":")
+    assert image == "slimerl/slime"
+    assert tag and "latest" not in tag and "$" not in tag
+    assert re.fullmatch(r"nightly-dev-\d{8}[a-z]?-cu\d+", tag), tag
+
+
+def test_slime_is_moved_to_the_pinned_commit() -> None:
+    args = dict(rest.split("=", 1) for keyword, rest in instructions() if keyword == "ARG")
+    assert re.fullmatch(r"[0-9a-f]{40}", args["SLIME_COMMIT"])
+    runs = " ".join(rest for keyword, rest in instructions() if keyword == "RUN")
+    assert 'git checkout --quiet "${SLIME_COMMIT}"' in runs
+
+
+def test_the_repository_is_copied_and_installed_without_touching_torch_or_numpy() -> None:
+    pairs = instructions()
+    copied = {source for keyword, rest in pairs if keyword == "COPY" for source in rest.split()[:-1]}
+    assert {"pyproject.toml", "README.md", "mismatch_ctrl", "recipes", "configs", "launch"} <= copied
+    assert ".venv" not in copied and "." not in copied  # never the laptop's virtualenv
+    runs = [rest for keyword, rest in pairs if keyword == "RUN"]
+    install = next(run for run in runs if "-e '.[recipe]'" in run)
+    assert "-c /tmp/image-constraints.txt" in install  # every package of the image pinned to its version
+    assert "pip list --format=freeze" in install
+    assert "numpy.__version__.startswith('1.')" in install  # Megatron asserts numpy 1.x
+    assert "cmp /tmp/versions-before.txt /tmp/versions-after.txt" in install  # torch/numpy unchanged
+    assert "--upgrade" not in install and "-U " not in install
+    workdir = [rest for keyword, rest in pairs if keyword == "WORKDIR"]
+    assert workdir == ["/workspace/mismatch-ctrl"]
+
+
+def test_environment_defaults_match_the_launchers() -> None:
+    env = " ".join(rest for keyword, rest in instructions() if keyword == "ENV")
+    for setting in ("SLIME_DIR=/root/slime", "MEGATRON_DIR=/root/Megatron-LM", "CUDA_DEVICE_MAX_CONNECTIONS=1",
+                    "PYTHONPATH=/root/Megatron-LM:/workspace/mismatch-ctrl"):
+        assert setting in env, setting

@@ -1,0 +1,84 @@
+"""Configuration errors (exit 2, a message naming the variable, no command) and --help."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch_harness import LAUNCHERS, Sandbox
+
+# (launcher, environment, fragments the error must contain)
+LAYOUT_ERRORS = {
+    "ep8_on_6_gpus": ("qwen3_30b_dcgrpo.sh", {"GPUS_PER_NODE": "6"},
+                      ["EP x ETP x PP = 8 x 1 x 1 = 8 must divide", "= 6", "GPUS_PER_NODE"]),
+    "rollout_engine_on_6_gpus": ("qwen3_30b_dcgrpo.sh", {"GPUS_PER_NODE": "6"},
+                                 ["ROLLOUT_GPUS_PER_ENGINE = 4 must divide"]),
+    "partial_optimizer_step": ("qwen3_30b_grpo.sh", {"ROLLOUT_BATCH_SIZE": "60"},
+                               ["60 x 8 = 480 must be a multiple of GLOBAL_BATCH_SIZE = 128"]),
+    "tp_beyond_query_groups": ("qwen3_30b_dcgrpo.sh", {"TP": "8"},
+                               ["TP = 8 must divide", "query groups", "= 4"]),
+    "ep_does_not_divide_experts": ("qwen3_30b_dcgrpo.sh", {"EP": "3", "GPUS_PER_NODE": "6", "NUM_NODES": "2"},
+                                   ["EP = 3 must divide the experts", "= 128"]),
+    "global_batch_not_split_over_dp": ("qwen3_30b_dcgrpo.sh", {"NUM_NODES": "3"},
+                                       ["data-parallel size (GPUs / (TP x PP x CP)) = 12 must divide",
+                                        "GLOBAL_BATCH_SIZE = 128"]),
+    "expert_parallel_on_dense": ("qwen3_8b_dcgrpo.sh", {"EP": "2"}, ["is dense", "EP and ETP must be 1"]),
+    "routing_replay_on_dense": ("qwen3_8b_dcgrpo.sh", {"ROUTING_REPLAY": "1"}, ["ROUTING_REPLAY=1 needs a MoE"]),
+    "not_a_number": ("qwen3_30b_dcgrpo.sh", {"NUM_NODES": "two"}, ["NUM_NODES=two must be a positive integer"]),
+    "zero_gpus": ("qwen3_30b_dcgrpo.sh", {"GPUS_PER_NODE": "0"}, ["GPUS_PER_NODE=0 must be a positive integer"]),
+    "flag_not_boolean": ("qwen3_30b_dcgrpo.sh", {"ROUTING_REPLAY": "yes"}, ["ROUTING_REPLAY=yes must be 0 or 1"]),
+    "unknown_method": ("qwen3_30b_dcgrpo.sh", {"METHOD": "dcgrpoo"},
+                       ["dcgrpoo.yaml does not exist", "dcgrpo_length_decay", "geo_mis"]),
+    "pass_env_unset": ("qwen3_30b_dcgrpo.sh", {"PASS_ENV": "NOT_SET_ANYWHERE"}, ["PASS_ENV names NOT_SET_ANYWHERE"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_ERRORS))
+def test_configuration_errors_stop_before_any_command(sandbox: Sandbox, case: str) -> None:
+    script, env, fragments = LAYOUT_ERRORS[case]
+    result = sandbox.run(script, "--dry-run", env=env)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if "configuration error" in line]
+    assert any(all(fragment in line for fragment in fragments) for line in errors), result.stderr
+    assert result.stdout == ""
+
+
+def test_the_layout_issue_example_is_a_valid_two_node_layout(sandbox: Sandbox) -> None:
+    """The counterpart of the errors above: 2 nodes x 8 GPUs with EP8, TP2 and 4-GPU engines is fine."""
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={"NUM_NODES": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "trainer TP2 x PP1 x CP1 -> DP8; 4 SGLang engines x 4 GPUs" in result.stderr
+
+
+def test_unknown_option_is_a_usage_error(sandbox: Sandbox) -> None:
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dryrun")
+    assert result.returncode == 2
+    assert "unknown option '--dryrun'" in result.stderr
+
+
+@pytest.mark.parametrize("script", ["qwen3_30b_dcgrpo.sh", "qwen3_8b_dcgrpo.sh"])
+def test_help_lists_every_variable_with_its_default(sandbox: Sandbox, script: str) -> None:
+    method, model = LAUNCHERS[script]
+    hf_name = {"qwen3_30b_a3b": "Qwen3-30B-A3B", "qwen3_8b": "Qwen3-8B"}[model]
+    result = sandbox.run(script, "--help", env={"NUM_NODES": "4"})
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    for default in (f"METHOD={method}", f"MODEL={model}", f"MODEL_DIR=/root/{hf_name}",
+                    f"FP8_HF_DIR=/root/{hf_name}-FP8", f"TORCH_DIST_DIR=/root/{hf_name}_torch_dist",
+                    f"SAVE_DIR=/root/runs/{model}_{method}", "DATA_DIR=/root/data", "SLIME_DIR=/root/slime",
+                    "MEGATRON_DIR=/root/Megatron-LM", "NUM_NODES=1", "GPUS_PER_NODE=8",
+                    "RAY_ADDRESS=http://127.0.0.1:8265", "NUM_ROLLOUT=", "ROUTING_REPLAY=0", "METHOD_CONFIG=",
+                    "EVAL_CONFIG=", "PYTHON=", "TP=2", "ROLLOUT_GPUS_PER_ENGINE=", "GLOBAL_BATCH_SIZE=128",
+                    "WANDB_PROJECT=", "TENSORBOARD_DIR=", "PASS_ENV=", "DATA_ARGS="):
+        assert f"    {default}" in text, default
+    assert "[now: 4]" in text  # the NUM_NODES override is shown
+    assert "calibrate eps with and without it" in text  # R3 removes the routing part of the mismatch
+    for mode in ("--dry-run", "--prepare"):
+        assert mode in text
+
+
+def test_a_broken_method_yaml_is_rejected_by_check_config(slow_runs) -> None:
+    _, result, env = slow_runs.get("broken_method_yaml")
+    assert result.returncode == 2, result.stderr
+    assert f"METHOD_CONFIG={env['METHOD_CONFIG']} is invalid" in result.stderr
+    assert "bogus_setting" in result.stderr  # check-config names the key
+    assert result.stdout == ""

@@ -1,0 +1,132 @@
+"""Spawn the multi-process test worlds once per session and hand their per-rank results to the tests.
+
+Importing megatron costs seconds of CPU per process, so one launcher (``slime_worker.py``) imports it once and forks
+four processes that serve all worlds in turn (:data:`PHASES`): world 4 as DP 2 x CP 2, then as PP 2 x CP 2 (the LR
+scenarios only), world 2 as CP 2, world 1 as TP = PP = CP = 1, and the lab phase (megatron imported, no process
+group). Each world gets its own free port. The launcher stops everything when a process fails or at its deadline;
+the pytest process waits a little longer, then ends the launcher's session (process group) itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from slime_scenarios import SCENARIOS
+
+WORKER = Path(__file__).resolve().parent / "slime_worker.py"
+PIPELINE_SCENARIOS = ["lr/auto", "lr/manual"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One world (``size`` 0: no process group), the scenarios it runs and the processes (0..size-1) it uses."""
+
+    name: str
+    size: int
+    cp: int = 1
+    pp: int = 1
+    scenarios: tuple[str, ...] = tuple(SCENARIOS)
+
+
+PHASES = [
+    Phase("w4", 4, cp=2),
+    Phase("w4pp", 4, cp=2, pp=2, scenarios=tuple(PIPELINE_SCENARIOS)),
+    Phase("w2", 2, cp=2),
+    Phase("w1", 1),
+    Phase("lab", 0),
+]
+"""In order; the lab phase runs on process 1, in parallel with world 1 on process 0."""
+DEADLINE_SECONDS = 300.0
+GRACE_SECONDS = 5.0
+
+
+def phase_of(world: int | str) -> Phase:
+    """``world`` as the tests name it: the world size (0: the lab phase) or a phase name."""
+    name = world if isinstance(world, str) else (f"w{world}" if world else "lab")
+    return next(p for p in PHASES if p.name == name)
+
+
+class WorkerFailure(AssertionError):
+    """A spawned rank failed, timed out or never produced the result a test asked for."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def plan() -> list[list[dict[str, Any]]]:
+    """The phases of each process, each world on its own free port (see the module docstring)."""
+    processes: list[list[dict[str, Any]]] = [[] for _ in range(max(p.size for p in PHASES))]
+    for phase in PHASES:
+        port = free_port() if phase.size else 0
+        common = {"name": phase.name, "world": phase.size, "cp": phase.cp, "pp": phase.pp, "port": port,
+                  "scenarios": [s for s in phase.scenarios if s != "bad_input_cp" or phase.cp > 1]}
+        if phase.size == 0:
+            processes[1].append(dict(common, rank=0))
+        for rank in range(phase.size):
+            processes[rank].append(dict(common, rank=rank))
+    return processes
+
+
+class Worlds:
+    """The running (then finished) launcher and the result directory."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.log = out / "worlds.log"
+        self.problem: str | None = None
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(WORKER), "--out", str(out), "--plan", json.dumps(plan()),
+                 "--deadline", str(DEADLINE_SECONDS)],
+                stdout=f, stderr=subprocess.STDOUT, env=env, cwd=WORKER.parent, start_new_session=True)
+
+    def wait(self) -> None:
+        """Wait for the launcher (its own deadline plus a margin); record what went wrong, if anything."""
+        try:
+            status = self.proc.wait(timeout=DEADLINE_SECONDS + 30.0)
+        except subprocess.TimeoutExpired:
+            self.problem = f"the launcher did not finish within {DEADLINE_SECONDS + 30.0:.0f} s"
+            self.stop()
+            return
+        if status != 0:
+            self.problem = f"the launcher exited with status {status}"
+
+    def stop(self) -> None:
+        """End the launcher and the processes it forked (its session's process group)."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def diagnosis(self) -> str:
+        errors = sorted(self.out.rglob("*.err"), key=lambda e: e.stat().st_mtime)
+        if errors:
+            return "first failure (others may follow from it):\n" + "\n".join(e.read_text() for e in errors[:2])
+        return "--- launcher log (tail) ---\n" + self.log.read_text(errors="replace")[-4000:]
+
+    def results(self, world: int | str, scenario: str) -> list[dict[str, Any]]:
+        """``{"view", "result"}`` of every rank of ``world`` (see :func:`phase_of`) for ``scenario``, in rank order."""
+        phase = phase_of(world)
+        paths = [self.out / phase.name / scenario / f"r{rank}.pt" for rank in range(phase.size or 1)]
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise WorkerFailure(f"no result for {phase.name}/{scenario} ({missing[0].name} missing); "
+                                f"{self.problem or 'the launcher finished'}\n{self.diagnosis()}")
+        return [torch.load(p, weights_only=False) for p in paths]

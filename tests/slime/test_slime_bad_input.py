@@ -1,0 +1,187 @@
+"""Bad input and inconsistent slime flags give clear errors naming the field and the fix (single process, no
+megatron), plus the context-parallel cases from the spawned worlds."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from slime_compare import WORLD_IDS
+from slime_data import FULL, PREFIX, cp_positions, make_args, make_batch, method, rollout_data
+
+from mismatch_ctrl.errors import ConfigError, InputError
+from mismatch_ctrl.slime import hooks
+
+BATCH = make_batch(7)
+DCGRPO = method("dcgrpo")
+GRPO = method("grpo")
+
+
+def data(**changes):
+    out = rollout_data(BATCH, FULL)
+    out.update(changes)
+    return out
+
+
+def tis_kwargs(batch=BATCH, **changes):
+    d = rollout_data(batch, FULL)
+    kwargs = {"pg_loss": torch.zeros(sum(batch.response_lengths)), "train_log_probs": d["log_probs"],
+              "rollout_log_probs": d["rollout_log_probs"], "loss_masks": d["loss_masks"],
+              "total_lengths": d["total_lengths"], "response_lengths": d["response_lengths"]}
+    kwargs.update(changes)
+    return kwargs
+
+
+def test_missing_rollout_log_probs():
+    d = data()
+    del d["rollout_log_probs"]
+    with pytest.raises(InputError, match="rollout_log_probs"):
+        hooks.advantages(make_args(DCGRPO), d)
+
+
+def test_missing_log_probs_with_dcgrpo_asks_for_get_mismatch_metrics():
+    d = data()
+    del d["log_probs"]
+    with pytest.raises(InputError, match="--get-mismatch-metrics"):
+        hooks.advantages(make_args(DCGRPO), d)
+
+
+def test_missing_log_probs_with_grpo_skips_the_metrics_and_warns_once(caplog):
+    """slime's single-step recipe recomputes no log-probs: GRPO still works (slime's own advantages), the mismatch
+    metrics are skipped, and the warning comes once, not every rollout."""
+    args = make_args(GRPO)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        for _ in range(3):
+            d = data()
+            del d["log_probs"]
+            hooks.advantages(args, d)
+    warnings = [r for r in caplog.records if "log_probs" in r.getMessage()]
+    assert len(warnings) == 1 and "--get-mismatch-metrics" in warnings[0].getMessage()
+    assert all(torch.equal(a, torch.ones_like(kl) * reward)
+               for a, kl, reward in zip(d["advantages"], d["kl"], d["rewards"]))
+    assert PREFIX + "prob_diff_mean" not in d and PREFIX + "mean_response_length" in d
+
+
+def test_log_probs_length_mismatch_names_the_sample_and_both_lengths():
+    d = data()
+    k = 4
+    n = BATCH.response_lengths[k]
+    d["rollout_log_probs"][k] = d["rollout_log_probs"][k][:-1]
+    with pytest.raises(InputError) as exc:
+        hooks.advantages(make_args(DCGRPO), d)
+    message = str(exc.value)
+    assert f"sample {k}" in message and str(n - 1) in message and str(n) in message
+
+
+def test_loss_mask_shorter_than_the_response():
+    d = data()
+    d["loss_masks"][2] = d["loss_masks"][2][1:]
+    with pytest.raises(InputError, match=r"sample 2: loss_masks has \d+ tokens but response_lengths\[2\]"):
+        hooks.advantages(make_args(DCGRPO), d)
+
+
+def test_tis_pg_loss_length_mismatch():
+    n = sum(BATCH.response_lengths)
+    with pytest.raises(InputError, match=f"pg_loss has {n + 1} tokens.*{n}"):
+        hooks.rollout_correction(make_args(method("token_tis")), **tis_kwargs(pg_loss=torch.zeros(n + 1)))
+
+
+def test_tis_log_probs_length_mismatch():
+    kwargs = tis_kwargs()
+    kwargs["train_log_probs"] = list(kwargs["train_log_probs"])
+    kwargs["train_log_probs"][0] = torch.zeros(BATCH.response_lengths[0] + 2)
+    with pytest.raises(InputError, match="sample 0: log_probs"):
+        hooks.rollout_correction(make_args(method("token_tis")), **kwargs)
+
+
+@pytest.mark.parametrize("section, key", [
+    ({"dcgrpo": {"enabled": True, "lamda_0": 0.1}}, "mismatch_ctrl.dcgrpo.lamda_0"),
+    ({"name": "x", "dcgpro": {"enabled": True}}, "mismatch_ctrl.dcgpro"),
+    ({"correction": {"preset": "token_tis", "is_hgh": 3.0}}, "mismatch_ctrl.correction.is_hgh"),
+])
+def test_unknown_config_keys_are_named(section, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        hooks.on_megatron_init(make_args(section))
+
+
+def test_args_without_mismatch_ctrl():
+    with pytest.raises(ConfigError, match="--custom-config-path"):
+        hooks.on_megatron_init(make_args(None))
+
+
+@pytest.mark.parametrize("section, flags, needle", [
+    (method("geo_mis"), {"custom_tis_function_path": None}, "--custom-tis-function-path"),
+    (method("acrl"), {"custom_tis_function_path": None}, "--custom-tis-function-path"),
+    (method("token_tis"), {"get_mismatch_metrics": False}, "--get-mismatch-metrics"),
+    (method("length_decay"), {"custom_megatron_before_train_step_hook_path": None},
+     "--custom-megatron-before-train-step-hook-path"),
+    (DCGRPO, {"custom_advantage_function_path": "slime.custom.advantages"}, "--custom-advantage-function-path"),
+    (GRPO, {"advantage_estimator": "ppo"}, "--advantage-estimator ppo"),
+    (method("length_decay"), {"decoupled_lr": 1.0e-5}, "decoupled"),
+])
+def test_inconsistent_slime_flags_fail_at_init(section, flags, needle):
+    with pytest.raises(ConfigError) as exc:
+        hooks.on_megatron_init(make_args(section, **flags))
+    assert needle in str(exc.value)
+
+
+def test_use_tis_is_enough_to_run_the_correction_hook():
+    hooks.on_megatron_init(make_args(method("token_tis"), get_mismatch_metrics=False, use_tis=True))
+
+
+def test_nonfinite_error_policy_names_the_sample():
+    batch = make_batch(11, nonfinite=True)
+    bad = next(i for i, b in enumerate(batch.nonfinite) if b)
+    with pytest.raises(InputError, match=f"sample {bad}: non-finite log-prob"):
+        hooks.advantages(make_args(dict(DCGRPO, nonfinite="error")), rollout_data(batch, FULL))
+
+
+def test_nonfinite_log_probs_keep_pg_loss_finite_single_process():
+    """The guard on the CPU lab's path: the NaN/-inf tokens are counted, dropped from the returned masks and from
+    pg_loss (even where pg_loss itself is NaN), and the gradient is finite."""
+    batch = make_batch(11, nonfinite=True)
+    d = rollout_data(batch, FULL)
+    args = make_args(method("token_tis"))
+    hooks.advantages(args, d)
+    assert d[PREFIX + "nonfinite_tokens"][0] == sum(len(b) for b in batch.nonfinite) > 0
+    pg = torch.ones(sum(batch.response_lengths))
+    offsets = torch.tensor([0] + batch.response_lengths).cumsum(0).tolist()
+    for i, bad in enumerate(batch.nonfinite):
+        pg[[offsets[i] + p for p in bad]] = float("nan")
+    pg.requires_grad_(True)
+    out, masks, _ = hooks.rollout_correction(args, **tis_kwargs(batch, pg_loss=pg))
+    out.sum().backward()
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(pg.grad).all())
+    for i, bad in enumerate(batch.nonfinite):
+        for p in bad:
+            assert masks[i][p] == 0 and out[offsets[i] + p] == 0 and pg.grad[offsets[i] + p] == 0
+
+
+def test_lr_hook_needs_the_advantage_hook_of_the_same_rollout():
+    args = make_args(method("length_decay"))
+    d = data()
+    del d["log_probs"]
+    hooks.advantages(args, d)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ConfigError, match="--custom-advantage-function-path"):
+        hooks.before_train_step(args, 1, 0, [], optimizer, None)
+
+
+@pytest.mark.parametrize("world", [2, 4], ids=WORLD_IDS.get)
+def test_full_length_tensors_under_context_parallelism(runs, world):
+    """Full-length log-probs or pg_loss where slime passes CP-local ones: every CP rank raises InputError (before any
+    collective, so nothing hangs) naming the sample, both lengths and the CP share."""
+    from slime_scenarios import seed_of
+
+    batch = make_batch(seed_of("bad_input_cp"))
+    for rank in runs.world(world, "bad_input_cp"):
+        view, result = rank["view"], rank["result"]
+        local = [len(cp_positions(batch.total_lengths[g], batch.response_lengths[g], view.cp_rank, view.cp_size))
+                 for g in result["samples"]]
+        k = next(i for i, g in enumerate(result["samples"]) if local[i] != batch.response_lengths[g])
+        full = batch.response_lengths[result["samples"][k]]
+        message = result["advantages_error"]
+        assert f"sample {k}: log_probs" in message and f"has {full} tokens" in message
+        assert f"response has {local[k]}" in message and "context-parallel" in message
+        assert f"{result['local_tokens']}" in result["tis_error"] and "pg_loss" in result["tis_error"]

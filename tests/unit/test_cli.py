@@ -1,0 +1,61 @@
+"""``mismatch-ctrl check-config``: exit codes and messages."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mismatch_ctrl.cli import main
+
+METHODS = Path(__file__).resolve().parents[2] / "mismatch_ctrl" / "configs" / "methods"
+
+
+def broken_config(tmp_path) -> Path:
+    path = tmp_path / "broken.yaml"
+    path.write_text("mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    lamda_0: 0.1\n")
+    return path
+
+
+def test_python_dash_m_exit_codes(tmp_path):
+    run = [sys.executable, "-m", "mismatch_ctrl", "check-config"]
+    ok = subprocess.run([*run, str(METHODS / "dcgrpo.yaml"), "--arch", "moe"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "OK" in ok.stdout and "architecture moe" in ok.stdout
+    bad = subprocess.run([*run, str(broken_config(tmp_path))], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "mismatch_ctrl.dcgrpo.lamda_0: unknown key; did you mean 'lambda_0'?" in bad.stderr
+
+
+def test_json_prints_every_resolved_setting(capsys):
+    assert main(["check-config", str(METHODS / "dcgrpo.yaml"), "--num-experts", "128", "--json"]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["architecture"] == "moe" and resolved["name"] == "dcgrpo"
+    assert resolved["dcgrpo"]["eps"] == 0.005 and resolved["dcgrpo"]["lambda_0"] == 0.05
+    assert resolved["correction"]["is_level"] is None
+
+
+def test_hf_config_option(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts": 0}))
+    assert main(["check-config", str(METHODS / "dcgrpo.yaml"), "--hf-config", str(tmp_path)]) == 0
+    assert "architecture dense" in capsys.readouterr().out
+
+
+def test_unresolved_architecture_is_an_error(capsys):
+    assert main(["check-config", str(METHODS / "dcgrpo.yaml")]) == 2
+    assert "mismatch_ctrl.architecture" in capsys.readouterr().err
+
+
+def test_missing_file(tmp_path, capsys):
+    assert main(["check-config", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such config file" in capsys.readouterr().err
+
+
+def test_help_and_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check-config", "--help"])
+    assert exit_info.value.code == 0 and "--json" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check-config", "x.yaml", "--arch", "moe", "--num-experts", "8"])
+    assert exit_info.value.code == 2

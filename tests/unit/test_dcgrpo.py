@@ -1,0 +1,191 @@
+"""DC-GRPO (ALGORITHMS.md section 2): advantage shaping against the reference, and the dual-ascent controller."""
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import reference as ref
+from mismatch_ctrl.dcgrpo import PENALTY_FORMS, DCGRPOSettings, LagrangeController, shape_advantages
+from mismatch_ctrl.signals import SIGNALS
+
+from .inputs import flat_advantages, raw_batches
+
+
+@pytest.mark.parametrize("form", PENALTY_FORMS)
+@pytest.mark.parametrize("aggregation", ["seq_mean", "token_mean"])
+@settings(max_examples=15, deadline=None)
+@given(raw=raw_batches(), signal=st.sampled_from(SIGNALS), lam=st.sampled_from([0.0, 0.05, 0.7, 3.0]),
+       eps=st.sampled_from([1e-4, 0.005, 0.3]))
+def test_shape_advantages_matches_reference(form, aggregation, raw, signal, lam, eps):
+    advantages, advantage_rows = flat_advantages(raw, seed=len(raw.sizes))
+    s = DCGRPOSettings(enabled=True, signal=signal, penalty_form=form, aggregation=aggregation)
+    got = shape_advantages(raw.token_batch(), advantages, s, lam, eps)
+    shaped, c_bar, pen_mean, share = ref.shape_advantages(raw.seqs(), advantage_rows, signal, form, aggregation,
+                                                          lam, eps)
+    expected = torch.tensor([x for row in shaped for x in row], dtype=torch.float64)
+    torch.testing.assert_close(got.advantages.double(), expected, rtol=1e-5, atol=1e-5)
+    if c_bar is None:
+        assert got.discrepancy is None and got.penalty_abs_mean == 0.0 and got.penalty_share == 0.0
+    else:
+        # prob_diff of fp32 probabilities near 1 carries up to ~2e-7 absolute rounding per token (two fp32 exps).
+        pen_tol = 3e-7 * lam + 1e-8
+        seqs = raw.seqs()
+        adv_mean = sum(w * abs(a) for s, row in zip(seqs, advantage_rows) for w, a in zip(s.mask, row)) / \
+            sum(s.count for s in seqs)
+        assert got.discrepancy == pytest.approx(c_bar, rel=1e-5, abs=3e-7)
+        assert got.penalty_abs_mean == pytest.approx(pen_mean, rel=1e-5, abs=pen_tol)
+        assert got.penalty_share == pytest.approx(share, rel=1e-5, abs=pen_tol / max(adv_mean, 1e-8))
+
+
+def test_shaping_subtracts_the_penalty_of_each_form():
+    from mismatch_ctrl.batch import TokenBatch
+
+    # prob_diff of the three tokens: |e^-1 - e^-1.2|, 0, |e^-0.1 - e^-0.5|; advantages 1, 1, -2.
+    train, rollout = torch.tensor([-1.0, -2.0, -0.1]), torch.tensor([-1.2, -2.0, -0.5])
+    batch = TokenBatch.from_lists([train[:2], train[2:]], [rollout[:2], rollout[2:]], [torch.ones(2), torch.ones(1)])
+    c = (train.exp() - rollout.exp()).abs()
+    a = torch.tensor([1.0, 1.0, -2.0])
+    eps, lam = 0.1, 0.5
+    expected = {"lagrangian": a - lam * c, "fixed": a - lam * c, "centered": a - lam * (c - eps),
+                "hinge": a - lam * (c - eps).clamp_min(0)}
+    for form, want in expected.items():
+        s = DCGRPOSettings(enabled=True, penalty_form=form)
+        torch.testing.assert_close(shape_advantages(batch, a, s, lam, eps).advantages, want)
+    seq_mean = float((c[:2].mean() + c[2]) / 2)
+    token_mean = float(c.mean())
+    assert shape_advantages(batch, a, DCGRPOSettings(), lam, eps).discrepancy == pytest.approx(seq_mean)
+    s = DCGRPOSettings(aggregation="token_mean")
+    assert shape_advantages(batch, a, s, lam, eps).discrepancy == pytest.approx(token_mean)
+    shaped = shape_advantages(batch, a, DCGRPOSettings(), lam, eps)
+    assert shaped.penalty_abs_mean == pytest.approx(float((lam * c).mean()))
+    assert shaped.penalty_share == pytest.approx(float((lam * c).mean() / a.abs().mean()))
+
+
+def controller(**kw) -> LagrangeController:
+    base = dict(enabled=True, lambda_0=0.1, eta=1.0, eps=0.01, lambda_max=1.0)
+    return LagrangeController(DCGRPOSettings(**{**base, **kw}))
+
+
+def run(ctrl: LagrangeController, c_bars) -> list[tuple[float, float | None]]:
+    """(shaping lambda, eps) before each update, then after the last: the layout of reference.lagrange_trajectory."""
+    out = []
+    for c in c_bars:
+        out.append((ctrl.shaping_lambda, ctrl.eps))
+        ctrl.update(c)
+    out.append((ctrl.shaping_lambda, ctrl.eps))
+    return out
+
+
+def test_lambda_rises_above_eps_and_saturates():
+    ctrl = controller()
+    trace = [lam for lam, _ in run(ctrl, [0.005] * 3 + [0.21] * 8)]
+    assert trace[:4] == pytest.approx([0.1, 0.095, 0.09, 0.085])
+    rising = trace[3:]
+    assert all(b > a for a, b in zip(rising, rising[1:5])) and rising[1] == pytest.approx(0.285)
+    assert rising[-4:] == [1.0] * 4 and max(trace) == 1.0
+    assert ctrl.eps == 0.01  # the floor 0.005 is below eps: no guard action
+
+
+def test_lambda_decays_to_zero_below_eps():
+    ctrl = controller(lambda_0=0.5, eta=20.0)
+    trace = [lam for lam, _ in run(ctrl, [0.0] * 6)]
+    assert trace == pytest.approx([0.5, 0.3, 0.1, 0.0, 0.0, 0.0, 0.0])
+    assert trace[-1] == 0.0
+
+
+@st.composite
+def lagrange_cases(draw):
+    eps = draw(st.sampled_from(["auto", 0.001, 0.01, 0.05]))
+    lambda_0 = draw(st.sampled_from([0.0, 0.05, 0.1]))
+    kw = dict(lambda_0=lambda_0, eta=draw(st.sampled_from([0.5, 1.0, 10.0])), eps=eps,
+              lambda_max=draw(st.sampled_from([lambda_0, 0.3, 1.0])),
+              penalty_form=draw(st.sampled_from(PENALTY_FORMS)),
+              calibration_rollouts=draw(st.integers(1, 6)), eps_guard=draw(st.sampled_from(["clamp", "off"])),
+              floor_rollouts=draw(st.integers(1, 4)))
+    c = st.one_of(st.floats(0.0, 0.1), st.none(), st.just(math.nan))
+    return kw, draw(st.lists(c, max_size=30))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lagrange_cases())
+def test_trajectory_matches_loop_reference(case):
+    kw, c_bars = case
+    got = run(controller(**kw), c_bars)
+    expected = ref.lagrange_trajectory(
+        c_bars, kw["lambda_0"], kw["eta"], kw["eps"], kw["lambda_max"], kw["penalty_form"],
+        kw["calibration_rollouts"], 1.1, kw["eps_guard"], kw["floor_rollouts"])
+    assert got == expected
+
+
+def test_eps_auto_calibrates_then_starts_at_lambda_0(caplog):
+    ctrl = controller(eps="auto", calibration_rollouts=4, lambda_0=0.05)
+    c_bars = [0.004, 0.008, 0.002, 0.006]
+    with caplog.at_level(logging.INFO, logger="mismatch_ctrl.dcgrpo"):
+        trace = run(ctrl, c_bars)
+    assert [lam for lam, _ in trace[:4]] == [0.0] * 4 and all(e is None for _, e in trace[:4])
+    assert ctrl.eps == pytest.approx(1.1 * 0.005) and ctrl.floor == pytest.approx(0.005)
+    assert ctrl.shaping_lambda == 0.05 and not ctrl.calibrating
+    assert "calibrated" in caplog.text
+    ctrl.update(0.0155)
+    assert ctrl.lam == pytest.approx(0.05 + 0.0155 - 0.0055)
+
+
+@pytest.mark.parametrize("guard, eps_after", [("clamp", 1.1 * 0.025), ("off", 0.001)])
+def test_infeasible_budget_guard(caplog, guard, eps_after):
+    ctrl = controller(eps=0.001, eps_guard=guard)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl.dcgrpo"):
+        for c in (0.02, 0.03, 0.025):
+            ctrl.update(c)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "0.001" in warnings[0].getMessage() and "0.025" in warnings[0].getMessage()
+    assert ctrl.floor == pytest.approx(0.025) and ctrl.eps == pytest.approx(eps_after)
+
+
+def test_no_guard_warning_when_eps_is_above_the_floor(caplog):
+    ctrl = controller(eps=0.05)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl.dcgrpo"):
+        for c in (0.02, 0.03, 0.025, 0.9):
+            ctrl.update(c)
+    assert not caplog.records and ctrl.eps == 0.05
+
+
+def test_fixed_never_updates():
+    ctrl = controller(penalty_form="fixed", lambda_0=0.2)
+    trace = run(ctrl, [0.5, 0.0, 1.0, 0.3, 0.0])
+    assert [lam for lam, _ in trace] == [0.2] * 6
+
+
+@pytest.mark.parametrize("missing", [None, math.nan])
+def test_missing_c_bar_is_skipped(missing):
+    ctrl = controller()
+    ctrl.update(0.05)
+    before = ctrl.state_dict()
+    ctrl.update(missing)
+    after = ctrl.state_dict()
+    assert after.pop("skipped") == before.pop("skipped") + 1
+    assert after == before
+
+
+def test_unresolved_settings_are_rejected():
+    with pytest.raises(ValueError, match=r"not resolved: \['eps'\]"):
+        LagrangeController(DCGRPOSettings(enabled=True, lambda_0=0.1, eta=1.0, lambda_max=1.0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(lagrange_cases(), st.integers(0, 30))
+def test_state_round_trips_through_json_and_continues_identically(case, cut):
+    kw, c_bars = case
+    cut = min(cut, len(c_bars))
+    original = controller(**kw)
+    run(original, c_bars[:cut])
+    restored = controller(**kw)
+    restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
+    assert restored.state_dict() == original.state_dict()
+    assert run(restored, c_bars[cut:]) == run(original, c_bars[cut:])
+    assert restored.state_dict() == original.state_dict()
