@@ -39,7 +39,8 @@ GEO = PRESETS["geo_rs_token_tis"]
 
 
 def make_inputs(seqs: int, min_len: int, max_len: int, seed: int) -> dict[str, object]:
-    """Flat fp32 log-probs of both engines (FP8-like mismatch ~1e-3, rare outliers), loss mask, GRPO advantages."""
+    """Flat fp32 log-probs of both engines (FP8-like mismatch ~1e-3, rare outliers), loss mask, and one GRPO
+    advantage per sequence."""
     g = torch.Generator().manual_seed(seed)
     sizes = torch.randint(min_len, max_len + 1, (seqs,), generator=g).tolist()
     n = sum(sizes)
@@ -49,7 +50,7 @@ def make_inputs(seqs: int, min_len: int, max_len: int, seed: int) -> dict[str, o
     train = (rollout + 1e-3 * torch.randn(n, generator=g)).clamp(max=0.0)
     train = torch.where(torch.rand(n, generator=g) < 1e-5, train - 10.0, train)
     mask = (torch.rand(n, generator=g) < 0.98).float()
-    advantages = torch.repeat_interleave(torch.randn(seqs, generator=g), torch.tensor(sizes))
+    advantages = torch.randn(seqs, generator=g)
     return dict(sizes=sizes, train=train, rollout=rollout, mask=mask, advantages=advantages)
 
 
@@ -74,14 +75,14 @@ def python_dcgrpo(x: dict) -> tuple[list[float], float]:
     lam, eps = DC.lambda_0, DC.eps
     shaped: list[float] = []
     seq_means, tokens, sum_pen, sum_adv = [], 0.0, 0.0, 0.0
-    for lt, lr, m, a in zip(*(t.split(x["sizes"]) for t in (x["train"], x["rollout"], x["mask"],
-                                                              x["advantages"]))):
+    for lt, lr, m, adv in zip(*(t.split(x["sizes"]) for t in (x["train"], x["rollout"], x["mask"])),
+                              x["advantages"].tolist()):
         count = sum_c = 0.0
-        for p, q, w, adv in zip(lt.tolist(), lr.tolist(), m.tolist(), a.tolist()):
+        for p, q, w in zip(lt.tolist(), lr.tolist(), m.tolist()):
             if not math.isfinite(p - q):
                 p = q = w = 0.0
             c = abs(math.exp(p) - math.exp(q))
-            shaped.append(adv - lam * c)
+            shaped.append(adv - lam * c if w > 0 else adv)
             if w > 0:
                 count += w
                 sum_c += w * c
@@ -133,21 +134,21 @@ def python_geo(x: dict, batch: TokenBatch) -> tuple[list[float], dict[str, float
 
 def torch_loop_dcgrpo(x: dict) -> tuple[torch.Tensor, float]:
     lam, eps = DC.lambda_0, DC.eps
-    shaped = torch.empty_like(x["advantages"])
+    shaped = torch.empty_like(x["train"])
     seq_means, tokens, sum_pen, sum_adv = [], 0.0, 0.0, 0.0
     start = 0
-    for n in x["sizes"]:
-        lt, lr, m, a = (x[k][start:start + n] for k in ("train", "rollout", "mask", "advantages"))
+    for n, a in zip(x["sizes"], x["advantages"].tolist()):
+        lt, lr, m = (x[k][start:start + n] for k in ("train", "rollout", "mask"))
         finite = torch.isfinite(lt - lr)
         lt, lr, m = torch.where(finite, lt, 0.0), torch.where(finite, lr, 0.0), torch.where(finite, m, 0.0)
         c = (lt.exp() - lr.exp()).abs()
-        shaped[start:start + n] = a - lam * c
+        shaped[start:start + n] = a - lam * c * m
         count = float(m.sum())
         if count > 0:
             seq_means.append(float((c * m).sum()) / count)
         tokens += count
         sum_pen += float((lam * c * m).abs().sum())
-        sum_adv += float((a.abs() * m).sum())
+        sum_adv += abs(a) * count
         start += n
     c_bar = sum(seq_means) / len(seq_means)
     _ = sum_pen / tokens / max(sum_adv / tokens, 1e-8)

@@ -1,7 +1,7 @@
 """The one batch representation of the core: N responses concatenated into flat 1-D token tensors.
 
 Adapters convert slime's list of per-sample tensors (:meth:`TokenBatch.from_lists`) or padded ``[B, T]`` tensors with a
-mask (:meth:`TokenBatch.from_padded`) into it. Per-sequence reductions are single vectorised segment operations.
+mask (:meth:`TokenBatch.from_padded`) into it. Per-sequence reductions are vectorised (no Python loop over sequences).
 """
 
 from __future__ import annotations
@@ -19,10 +19,20 @@ LOG_RATIO_BOUND = 20.0
 NonFinitePolicy = Literal["mask", "error"]
 
 
-class Segments:
-    """Layout of N variable-length sequences in one flat tensor: sequence i owns ``sizes[i]`` consecutive tokens."""
+BLOCK = 128
+"""Block size of the segment reductions (see :class:`Segments`)."""
 
-    __slots__ = ("lengths", "sizes", "num_tokens")
+
+class Segments:
+    """Layout of N variable-length sequences in one flat tensor: sequence i owns ``sizes[i]`` consecutive tokens.
+
+    Per-sequence sums run in two parts: whole aligned blocks of ``BLOCK`` tokens are summed by one dense reduction and
+    combined per sequence through a float64 prefix sum of the block sums; the few tokens of each sequence outside
+    its whole blocks (at most ``2 BLOCK``) are gathered and reduced per sequence. This is several times faster than
+    one ``segment_reduce`` over all tokens, whose per-element cost dominates on long responses.
+    """
+
+    __slots__ = ("lengths", "sizes", "num_tokens", "_layout")
 
     def __init__(self, sizes: Sequence[int], device: torch.device | str | None = None) -> None:
         self.sizes = tuple(int(s) for s in sizes)
@@ -30,22 +40,51 @@ class Segments:
             raise InputError(f"sequence lengths must be >= 0, got {min(self.sizes)}")
         self.lengths = torch.tensor(self.sizes, dtype=torch.long, device=device)
         self.num_tokens = sum(self.sizes)
+        self._layout: tuple[torch.Tensor, ...] | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.sizes)
 
+    def _blocks(self) -> tuple[torch.Tensor, ...]:
+        """Per sequence: first and end whole block, the indices of its whole blocks and of its other tokens (both
+        concatenated over sequences), and the number of those other tokens."""
+        if self._layout is None:
+            ends = torch.cumsum(self.lengths, 0)
+            starts = ends - self.lengths
+            first = torch.minimum((starts + BLOCK - 1) // BLOCK * BLOCK, ends)
+            last = torch.maximum(ends // BLOCK * BLOCK, first)
+            head, tail = first - starts, ends - last
+            first_block, last_block = first // BLOCK, last // BLOCK
+            edge_index = concat_ranges(torch.stack([starts, last], 1).reshape(-1), torch.stack([head, tail], 1).reshape(-1))
+            self._layout = (first_block, last_block, concat_ranges(first_block, last_block - first_block), edge_index,
+                            head + tail)
+        return self._layout
+
     def sum(self, *columns: torch.Tensor) -> torch.Tensor:
         """Per-sequence sums of each ``[T]`` column, stacked to ``[N, K]`` (empty sequences sum to 0)."""
         if self.num_seqs == 0:
             return columns[0].new_zeros(0, len(columns))
-        return torch.stack([torch.segment_reduce(c, "sum", lengths=self.lengths) for c in columns], dim=1)
+        first, last, _, index, edge_sizes = self._blocks()
+        whole = self.num_tokens // BLOCK
+        out = []
+        for column in columns:
+            prefix = column.new_zeros(whole + 1, dtype=torch.float64)
+            torch.cumsum(column[:whole * BLOCK].reshape(whole, BLOCK).sum(1).double(), 0, out=prefix[1:])
+            edges = torch.segment_reduce(column[index], "sum", lengths=edge_sizes)
+            out.append((prefix[last] - prefix[first] + edges).to(column.dtype))
+        return torch.stack(out, dim=1)
 
     def max(self, column: torch.Tensor, empty: float = 0.0) -> torch.Tensor:
         """Per-sequence maximum of a ``[T]`` column; ``empty`` for sequences without tokens."""
         if self.num_seqs == 0:
             return column.new_zeros(0)
-        return torch.segment_reduce(column, "max", lengths=self.lengths, initial=empty)
+        first, last, block_index, index, edge_sizes = self._blocks()
+        whole = self.num_tokens // BLOCK
+        block_max = column[:whole * BLOCK].reshape(whole, BLOCK).amax(1)
+        inner = torch.segment_reduce(block_max[block_index], "max", lengths=last - first, initial=-torch.inf)
+        edges = torch.segment_reduce(column[index], "max", lengths=edge_sizes, initial=-torch.inf)
+        return torch.where(self.lengths > 0, torch.maximum(inner, edges), empty)
 
     def expand(self, per_seq: torch.Tensor) -> torch.Tensor:
         """Broadcast a per-sequence ``[N]`` or ``[N, K]`` tensor to its tokens: ``[T]`` or ``[T, K]``."""
@@ -54,6 +93,12 @@ class Segments:
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Cut a flat ``[T]`` tensor back into one tensor per sequence."""
         return list(torch.split(flat, self.sizes))
+
+
+def concat_ranges(starts: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """The concatenation of ``arange(starts[i], starts[i] + sizes[i])`` over i, without a Python loop."""
+    index = torch.repeat_interleave(starts - (torch.cumsum(sizes, 0) - sizes), sizes)
+    return index + torch.arange(index.numel(), device=index.device)
 
 
 @dataclass(frozen=True)

@@ -180,9 +180,11 @@ def _check_combination(config: Config) -> None:
         raise ConfigError(f"{ROOT_KEY}.correction.is_low: need 0 <= is_low < is_high, got {low}, {high}")
     if s.rs_low is not None and s.rs_high is not None and not s.rs_low < s.rs_high:
         raise ConfigError(f"{ROOT_KEY}.correction.rs_low: need rs_low < rs_high, got {s.rs_low}, {s.rs_high}")
-    for key in ("veto", "rs_k3_max"):
-        if getattr(s, key) is not None and not getattr(s, key) > 0:
-            raise ConfigError(f"{ROOT_KEY}.correction.{key}: must be > 0 or null, got {getattr(s, key)}")
+    if s.veto is not None and not 0 < s.veto < 1:
+        raise ConfigError(f"{ROOT_KEY}.correction.veto: must be in (0, 1) or null (a ratio below which a token "
+                          f"vetoes its sequence, e.g. 1.0e-4), got {s.veto}")
+    if s.rs_k3_max is not None and not s.rs_k3_max > 0:
+        raise ConfigError(f"{ROOT_KEY}.correction.rs_k3_max: must be > 0 or null, got {s.rs_k3_max}")
 
 
 def merge_sections(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

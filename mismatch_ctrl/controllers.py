@@ -26,9 +26,10 @@ from .metrics import mismatch_metrics
 
 @dataclass(frozen=True)
 class RolloutStep:
-    """What one rollout produced: token advantages to train on (``[T]``) and the metrics to log."""
+    """What one rollout produced: DC-GRPO-shaped token advantages (``[T]``; None when DC-GRPO is off, the
+    baseline advantages stand) and the metrics to log."""
 
-    advantages: torch.Tensor
+    advantages: torch.Tensor | None
     metrics: dict[str, float]
 
 
@@ -57,7 +58,7 @@ class ControllerSet:
     def step(
         self,
         rollout_id: int,
-        advantages: torch.Tensor,
+        seq_advantages: torch.Tensor | None,
         batch: TokenBatch | None,
         mean_response_length: float,
         max_response_length: float | None = None,
@@ -66,29 +67,35 @@ class ControllerSet:
     ) -> RolloutStep:
         """Advance every controller by one rollout.
 
-        ``advantages`` are the baseline token advantages ``[T]`` (GRPO: the sample's reward on each of its tokens);
+        ``seq_advantages`` are the per-sequence baseline advantages ``[N]`` (GRPO: the normalised rewards);
         ``batch`` holds both engines' log-probs (None if the training engine's are unavailable: only allowed when no
         enabled controller needs them); ``mean_response_length`` is the global mean over the rollout batch.
+        Metrics: the section-6 mismatch metrics and ``discrepancy`` (``C_bar``) whenever ``batch`` is given; with
+        DC-GRPO ``lambda`` (the multiplier that shaped this rollout), ``lambda_next``, ``eps`` (absent while
+        ``eps: auto`` calibrates), ``violation``, ``eps_floor``, ``penalty_abs_mean``, ``penalty_share``; the LR scale
+        and surge detector; the ACRL band.
         """
         if batch is None and self.config.needs_train_log_probs:
             raise ValueError("DC-GRPO and ACRL need the training engine's log-probs of this rollout")
         metrics: dict[str, Any] = {"mean_response_length": mean_response_length}
-        out = advantages
+        shaped_advantages = None
         if batch is not None:
             metrics.update(mismatch_metrics(batch, seq_reduce).summarize(batch_reduce))
-            metrics["nonfinite_tokens"] = metrics.get("nonfinite_tokens", 0.0)
             ctrl = self.dcgrpo
-            lam = ctrl.shaping_lambda if ctrl is not None else 0.0
-            eps = ctrl.eps if ctrl is not None else self.config.dcgrpo.eps
-            eps = eps if isinstance(eps, float) else 0.0
-            shaped = shape_advantages(batch, advantages, self.config.dcgrpo, lam, eps, seq_reduce, batch_reduce)
-            if ctrl is not None:
-                out = shaped.advantages
+            if ctrl is None:
+                measured = shape_advantages(batch, None, self.config.dcgrpo, 0.0, 0.0, seq_reduce, batch_reduce)
+                metrics["discrepancy"] = measured.discrepancy
+            else:
+                lam, eps, calibrating = ctrl.shaping_lambda, ctrl.eps, ctrl.calibrating
+                shaped = shape_advantages(batch, seq_advantages, self.config.dcgrpo, lam, eps or 0.0, seq_reduce,
+                                          batch_reduce)
+                shaped_advantages = shaped.advantages
                 ctrl.update(shaped.discrepancy)
-                metrics.update(lambda_next=ctrl.lam, eps_floor=ctrl.floor, eps_calibrating=float(ctrl.calibrating),
-                               penalty_abs_mean=shaped.penalty_abs_mean, penalty_share=shaped.penalty_share)
-            metrics.update(**{"lambda": lam, "eps": eps}, discrepancy=shaped.discrepancy,
-                           violation=None if shaped.discrepancy is None else shaped.discrepancy - eps)
+                violation = None if eps is None or shaped.discrepancy is None else shaped.discrepancy - eps
+                metrics.update({"lambda": lam}, lambda_next=ctrl.lam, eps=eps, eps_floor=ctrl.floor,
+                               eps_calibrating=float(calibrating), discrepancy=shaped.discrepancy,
+                               violation=violation, penalty_abs_mean=shaped.penalty_abs_mean,
+                               penalty_share=shaped.penalty_share)
         if self.lr is not None:
             self.lr.observe(rollout_id, mean_response_length, max_response_length)
             detector = self.lr.detector
@@ -102,7 +109,7 @@ class ControllerSet:
             self.acrl.update(sequence_level_discrepancy(batch, seq_reduce, batch_reduce))
             metrics.update(acrl_c=self.acrl.c, acrl_discrepancy=self.acrl.last, acrl_reference=self.acrl.reference)
         self.last_rollout = rollout_id
-        return RolloutStep(out, {k: float(v) for k, v in metrics.items() if v is not None})
+        return RolloutStep(shaped_advantages, {k: float(v) for k, v in metrics.items() if v is not None})
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -91,39 +91,40 @@ def _outside(log_rho: torch.Tensor, low: float | None, high: float | None) -> to
 
 
 def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reducer = local_reduce) -> Correction:
-    """IS weights, rejection mask and metrics of ``spec`` on ``batch``; CP shards combine with ``seq_reduce``."""
-    seg, m, l = batch.segments, batch.mask, batch.log_ratio  # noqa: E741 - the paper's symbol
-    levels = {spec.is_level, spec.rs_level}
-    seq_level = bool(levels & {"sequence", "geometric"})
+    """IS weights, rejection mask and metrics of ``spec`` on ``batch``; CP shards combine with ``seq_reduce``.
 
-    columns = [m]
-    if seq_level:
-        columns.append(l * m)
-    if spec.veto is not None:
-        columns.append((l < _log(spec.veto)).float().mul_(m))
+    The loss mask is 0/1 (slime's loss masks), which lets masked products stand in for logical ands below.
+    Comparisons are written as 0/1 floats into tensors whose sums are already taken (``out=``): no bool
+    intermediates and few fresh token-sized tensors, which dominate the cost on CPU.
+    """
+    seg, m, l = batch.segments, batch.mask, batch.log_ratio  # noqa: E741 - the paper's symbol
+    seq_level = bool({spec.is_level, spec.rs_level} & {"sequence", "geometric"})
+    lm = l * m if seq_level or spec.veto is not None else None
+    parts = [seg.sum(m)]
+    if lm is not None:
+        parts.append(seg.sum(lm))
+    if spec.veto is not None:  # veto < 1, so a masked token (lm = 0) is never catastrophic; lm is reused
+        parts.append(seg.sum(torch.lt(lm, math.log(spec.veto), out=lm)))
     if spec.rs_k3_max is not None:
-        columns.append(k3(l).mul_(m))
-    sums = seq_reduce(seg.sum(*columns), "sum")
+        parts.append(seg.sum(k3(l).mul_(m)))
+    sums = seq_reduce(torch.cat(parts, dim=1), "sum")
     count = sums[:, 0]
+    denom = count.clamp_min(1.0)
     has_tokens = count > 0
-    col = 1
     seq_log: dict[str, torch.Tensor] = {}
-    if seq_level:
-        seq_log["sequence"] = sums[:, col].clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        seq_log["geometric"] = sums[:, col] / count.clamp_min(1.0)
-        col += 1
+    if lm is not None:
+        seq_log["sequence"] = sums[:, 1].clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        seq_log["geometric"] = sums[:, 1] / denom
 
     rejected_seq = torch.zeros_like(has_tokens)
     metrics = SeqMetrics(counts=count)
     if spec.veto is not None:
-        vetoed = sums[:, col] > 0
-        col += 1
-        rejected_seq |= vetoed
-        metrics.mean["veto_seq_fraction"] = vetoed.float()
-        metrics.mean["catastrophic_token_fraction"] = sums[:, col - 1] / count.clamp_min(1.0)
+        catastrophic = sums[:, 2]
+        rejected_seq |= catastrophic > 0
+        metrics.mean["veto_seq_fraction"] = (catastrophic > 0).float()
+        metrics.mean["catastrophic_token_fraction"] = catastrophic / denom
     if spec.rs_k3_max is not None:
-        k3_mean = sums[:, col] / count.clamp_min(1.0)
-        k3_rejected = k3_mean > spec.rs_k3_max
+        k3_rejected = sums[:, -1] / denom > spec.rs_k3_max
         rejected_seq |= k3_rejected
         metrics.mean["k3_rejected_seq_fraction"] = k3_rejected.float()
 
@@ -145,34 +146,32 @@ def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reduce
             key = f"{level}_band_rejected_seq_fraction"  # IS and RS bands at one level share it: their union
             metrics.mean[key] = torch.maximum(metrics.mean[key], out.float()) if key in metrics.mean else out.float()
 
-    keep = m * seg.expand((~rejected_seq).float())
+    keep = seg.expand((~rejected_seq).to(m.dtype)).mul_(m)
     if rejected_tok is not None:
-        keep = keep * (~rejected_tok).float()
+        keep.masked_fill_(rejected_tok, 0.0)
 
-    # IS weights.
+    # IS weights (computed in place on fresh tensors).
     token_is = spec.is_level == "token"
+    ratio_parts = []
     if spec.is_level is None:
         weights = keep
     elif token_is:
         rho = torch.exp(l)
-        weights = _shape_weights(spec.is_mode, rho, is_low, is_high) * keep
+        masked_rho = rho * m
+        ratio_parts.append(seg.sum(masked_rho))
+        if spec.is_mode != "mask":  # masked_rho is reused for the indicator
+            ratio_parts.append(seg.sum(torch.gt(masked_rho, is_high, out=masked_rho)))
+        if spec.is_mode == "clip":
+            ratio_parts.append(seg.sum(torch.lt(rho, is_low, out=masked_rho).mul_(m)))
+        weights = _shape_weights_(spec.is_mode, rho, is_low, is_high).mul_(keep)
     else:
         seq_rho = torch.exp(seq_log[spec.is_level])
-        seq_weights = _shape_weights(spec.is_mode, seq_rho, is_low, is_high)
-        weights = seg.expand(seq_weights) * keep
+        seq_weights = _shape_weights_(spec.is_mode, seq_rho.clone(), is_low, is_high)
+        weights = seg.expand(seq_weights).mul_(keep)
         metrics.mean["is_ratio_mean"] = seq_rho
         _bound_metrics(metrics, spec.is_mode, seq_rho.gt(is_high).float(), seq_rho.lt(is_low).float())
-
-    second = [keep, weights]
-    if token_is:
-        second.append(rho * m)
-        if spec.is_mode != "mask":
-            second.append(rho.gt(is_high).float().mul_(m))
-        if spec.is_mode == "clip":
-            second.append(rho.lt(is_low).float().mul_(m))
-    sums2 = seq_reduce(seg.sum(*second), "sum")
+    sums2 = seq_reduce(torch.cat([seg.sum(keep, weights), *ratio_parts], dim=1), "sum")
     kept, weight_sum = sums2[:, 0], sums2[:, 1]
-    denom = count.clamp_min(1.0)
     if token_is:
         metrics.mean["is_ratio_mean"] = sums2[:, 2] / denom
         above = sums2[:, 3] / denom if spec.is_mode != "mask" else None
@@ -197,11 +196,12 @@ def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reduce
     return Correction(weights=weights.detach(), mask=keep.detach(), metrics=metrics)
 
 
-def _shape_weights(mode: str, rho: torch.Tensor, low: float, high: float) -> torch.Tensor:
+def _shape_weights_(mode: str, rho: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """IS weights from ratios, in place: truncate ``min(rho, high)``, clip ``clamp(rho, low, high)``, mask ``rho``."""
     if mode == "truncate":
-        return rho.clamp(max=high)
+        return rho.clamp_(max=high)
     if mode == "clip":
-        return rho.clamp(min=low, max=high)
+        return rho.clamp_(min=low, max=high)
     return rho
 
 

@@ -81,22 +81,12 @@ class DCGRPOSettings:
         return out
 
 
-def penalty(c: torch.Tensor, lam: float, eps: float, form: PenaltyForm) -> torch.Tensor:
-    """Per-token penalty subtracted from the advantage (table above); ``lam`` is lambda_0 for ``fixed``."""
-    if form in ("lagrangian", "fixed"):
-        return c * lam
-    if form == "centered":
-        return (c - eps) * lam
-    if form == "hinge":
-        return (c - eps).clamp_min_(0.0).mul_(lam)
-    raise ValueError(f"unknown penalty_form {form!r}; choose one of {PENALTY_FORMS}")
-
-
 @dataclass(frozen=True)
 class ShapedAdvantages:
-    """Shaped token advantages and the rollout's statistics (identical on every rank after the reductions)."""
+    """Shaped token advantages (None when only measuring) and the rollout's statistics, identical on every rank
+    after the reductions."""
 
-    advantages: torch.Tensor
+    advantages: torch.Tensor | None
     discrepancy: float | None
     penalty_abs_mean: float
     penalty_share: float
@@ -104,32 +94,49 @@ class ShapedAdvantages:
 
 def shape_advantages(
     batch: TokenBatch,
-    advantages: torch.Tensor,
+    seq_advantages: torch.Tensor | None,
     settings: DCGRPOSettings,
     lam: float,
     eps: float,
     seq_reduce: Reducer = local_reduce,
     batch_reduce: Reducer = local_reduce,
 ) -> ShapedAdvantages:
-    """``A~ = A - penalty(c)`` on flat token advantages ``[T]``, and ``C_bar`` of this rollout.
+    """``A~[i, t] = A_i - penalty(c[i, t])`` for per-sequence advantages ``A_i`` (``[N]``; GRPO's normalised reward),
+    flat over tokens, and ``C_bar`` of this rollout. ``seq_advantages=None`` only measures ``C_bar``.
+
+    The penalty applies to trained tokens only (``m = 1``): untrained positions (tool output, padding) carry no
+    meaningful rollout log-prob (slime stores 0.0 there) and keep ``A_i`` [ours].
 
     ``discrepancy`` (``C_bar``) is None when no sequence of the global batch has a trained token.
     ``penalty_share = mean|penalty| / max(mean|A|, 1e-8)`` over trained tokens shows a penalty that swamps the task.
     """
-    c = token_signal(batch, settings.signal)
-    pen = penalty(c, lam, eps, settings.penalty_form)
-    shaped = advantages - pen
+    form = settings.penalty_form
     m = batch.mask
-    sums = seq_reduce(batch.segments.sum(m, c * m, pen.abs().mul_(m), advantages.abs() * m), "sum")
+    c = token_signal(batch, settings.signal).mul_(m)
+    columns = [m, c]
+    penalized = c
+    if seq_advantages is not None and form == "centered":
+        penalized = (c - eps).mul_(m)
+        columns.append(penalized.abs())
+    elif seq_advantages is not None and form == "hinge":
+        penalized = (c - eps).clamp_min_(0.0)
+        columns.append(penalized)
+    sums = seq_reduce(batch.segments.sum(*columns), "sum")
     counts = sums[:, 0]
     valid = (counts > 0).to(sums.dtype)
     seq_mean_c = sums[:, 1] / counts.clamp_min(1.0)
-    totals = torch.stack([valid.sum(), (seq_mean_c * valid).sum(), *sums.sum(dim=0)]).double()
+    pen_abs = abs(lam) * sums[:, -1]
+    adv_abs = torch.zeros_like(counts) if seq_advantages is None else seq_advantages.abs().to(sums.dtype) * counts
+    totals = torch.stack([valid.sum(), (seq_mean_c * valid).sum(), counts.sum(), sums[:, 1].sum(), pen_abs.sum(),
+                          adv_abs.sum()]).double()
     n_valid, sum_seq_c, n_tokens, sum_c, sum_pen, sum_adv = batch_reduce(totals, "sum").tolist()
+    shaped = None
+    if seq_advantages is not None:
+        shaped = batch.segments.expand(seq_advantages.to(c.dtype)).add_(penalized, alpha=-lam)
     if n_valid == 0:
         return ShapedAdvantages(shaped, None, 0.0, 0.0)
     c_bar = sum_seq_c / n_valid if settings.aggregation == "seq_mean" else sum_c / n_tokens
-    pen_mean = sum_pen / n_tokens
+    pen_mean = sum_pen / n_tokens if seq_advantages is not None else 0.0
     return ShapedAdvantages(shaped, c_bar, pen_mean, pen_mean / max(sum_adv / n_tokens, 1e-8))
 
 

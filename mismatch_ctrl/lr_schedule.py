@@ -154,9 +154,10 @@ class SurgeDetector:
             self.onset = self.start + j
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in
-                ("start", "lengths", "short_means", "baseline", "ratio", "threshold", "streak", "onset",
-                 "triggered_at")}
+        """A snapshot (lists copied: later updates do not change it)."""
+        return {k: list(v) if isinstance(v, list) else v for k, v in
+                ((k, getattr(self, k)) for k in ("start", "lengths", "short_means", "baseline", "ratio", "threshold",
+                                                 "streak", "onset", "triggered_at"))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():

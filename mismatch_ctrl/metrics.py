@@ -24,7 +24,7 @@ import torch
 
 from .batch import Segments, TokenBatch
 from .dist import Reducer, local_reduce
-from .signals import k3
+from .signals import k3, token_signal
 
 
 @dataclass
@@ -71,9 +71,13 @@ def mismatch_metrics(batch: TokenBatch, seq_reduce: Reducer = local_reduce) -> S
     m = batch.mask
     seg = batch.segments
     l = batch.log_ratio  # noqa: E741 - the paper's symbol
-    prob_diff = (torch.exp(batch.train_log_probs) - torch.exp(batch.rollout_log_probs)).abs_().mul_(m)
-    sums = seg.sum(m, batch.train_log_probs * m, batch.rollout_log_probs * m, k3(l).mul_(m), prob_diff, l.abs().mul_(m))
-    sums = seq_reduce(torch.cat([sums, batch.nonfinite.unsqueeze(1)], dim=1), "sum")
+    prob_diff = token_signal(batch, "prob_diff").mul_(m)
+    buffer = batch.train_log_probs * m  # reused for each column once its sums are taken
+    parts = [seg.sum(m, buffer)]
+    parts.append(seg.sum(torch.mul(batch.rollout_log_probs, m, out=buffer)))
+    parts.append(seg.sum(k3(l, out=buffer).mul_(m), prob_diff))
+    parts.append(seg.sum(torch.abs(l, out=buffer).mul_(m)))
+    sums = seq_reduce(torch.cat([*parts, batch.nonfinite.unsqueeze(1)], dim=1), "sum")
     prob_diff_max = seq_reduce(seg.max(prob_diff), "max")
     counts = sums[:, 0]
     means = sums[:, 1:6] / counts.clamp_min(1.0).unsqueeze(1)

@@ -37,6 +37,7 @@ def token_signal(batch: TokenBatch, signal: Signal = "prob_diff") -> torch.Tenso
     raise ValueError(f"unknown discrepancy signal {signal!r}; choose one of {SIGNALS}")
 
 
-def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """K3 estimator ``exp(l) - 1 - l`` (non-negative), token-wise; ``expm1`` keeps it accurate and >= 0 for small l."""
-    return torch.expm1(log_ratio).sub_(log_ratio)
+def k3(log_ratio: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """K3 estimator ``exp(l) - 1 - l`` (non-negative), token-wise; ``expm1`` keeps it accurate and >= 0 for small l.
+    ``out`` receives the result if given."""
+    return torch.expm1(log_ratio, out=out).sub_(log_ratio)

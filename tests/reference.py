@@ -238,12 +238,13 @@ def penalty(c: float, lam: float, eps: float, form: str) -> float:
 
 def shape_advantages(seqs: Sequence[Seq], advantages: Sequence[Sequence[float]], signal: str, form: str,
                      aggregation: str, lam: float, eps: float) -> tuple[list[list[float]], float | None, float, float]:
-    """Shaped token advantages, ``C_bar``, mean |penalty| and penalty share over trained tokens."""
+    """Shaped token advantages (penalty on trained tokens only), ``C_bar``, mean |penalty| and penalty share over
+    trained tokens."""
     shaped, seq_means = [], []
     tokens = sum_c = sum_pen = sum_adv = 0.0
     for seq, adv in zip(seqs, advantages):
         c = token_signal(seq, signal)
-        pen = [penalty(x, lam, eps, form) for x in c]
+        pen = [penalty(x, lam, eps, form) if w > 0 else 0.0 for x, w in zip(c, seq.mask)]
         shaped.append([a - p for a, p in zip(adv, pen)])
         if seq.count > 0:
             seq_means.append(masked_mean(c, seq.mask))

@@ -65,10 +65,8 @@ class Replay:
         token advantages (zeros without them: then the penalty share is not meaningful and is left out)."""
         record: dict[str, Any] = {"rollout_id": rollout_id}
         if batch is not None:
-            sizes = batch.segments.lengths
-            per_sample = torch.tensor(list(rewards) if rewards is not None else [0.0] * batch.num_seqs,
+            advantages = torch.tensor(list(rewards) if rewards is not None else [0.0] * batch.num_seqs,
                                       dtype=torch.float32)
-            advantages = torch.repeat_interleave(per_sample, sizes, output_size=batch.segments.num_tokens)
         for name, controllers in (("chosen", self.chosen), ("auto", self.auto)):
             if batch is None:
                 controllers.dcgrpo.update(None)
@@ -139,9 +137,8 @@ class Replay:
         controllers = ControllerSet(self.surge_config)
         series: dict[str, list[Any]] = {"rollout_id": [], "baseline": [], "ratio": [], "threshold": [],
                                         "lr_scale": []}
-        empty = torch.zeros(0)
         for rollout_id, length in self.lengths:
-            metrics = controllers.step(rollout_id, empty, None, length, max_response_len).metrics
+            metrics = controllers.step(rollout_id, None, None, length, max_response_len).metrics
             series["rollout_id"].append(rollout_id)
             series["baseline"].append(metrics.get("surge_baseline"))
             series["ratio"].append(metrics.get("surge_ratio"))

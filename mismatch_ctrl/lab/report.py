@@ -58,7 +58,9 @@ def write_plots(runs: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Pa
                 color = f"C{k % 10}"
                 target.plot(steps, _moving_average(list(values), window), label=label, color=color, lw=1.4)
                 if key == "discrepancy" and is_dcgrpo:
-                    target.plot([r["step"] for r in records], [r["eps"] for r in records], ls="--", color=color, lw=1)
+                    eps = [(r["step"], r["eps"]) for r in records if "eps" in r]
+                    if eps:
+                        target.plot(*zip(*eps), ls="--", color=color, lw=1)
             target.set_title(title, fontsize=10)
             target.set_xlabel("rollout")
             target.grid(alpha=0.3)

@@ -35,8 +35,8 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     train_log_probs = rollout_data.get("log_probs")
     layout = LocalLayout(rollout_data["total_lengths"], response_lengths, topo)
     batch = None
-    if train_log_probs:
-        batch = layout.batch(train_log_probs, rollout_log_probs, rollout_data["loss_masks"], config.nonfinite)
+    if train_log_probs is not None:
+        batch = layout.batch(train_log_probs, rollout_log_probs or [], rollout_data["loss_masks"], config.nonfinite)
     elif config.needs_train_log_probs and rewards:
         raise InputError(
             "rollout_data has no 'log_probs' (the training engine's recompute), which DC-GRPO / ACRL need: add "
@@ -48,18 +48,16 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     shapes = rollout_data.get("kl") or rollout_log_probs or []
     device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
-    token_rewards = torch.repeat_interleave(reward_t, torch.tensor(layout.sizes, device=device),
-                                            output_size=sum(layout.sizes))
     lengths = torch.tensor([float(sum(response_lengths)), float(len(response_lengths))], dtype=torch.float64,
                            device=device)
     total_length, count = topo.batch_reduce(lengths, "sum").tolist()
     step = controllers.step(
-        rollout_id, token_rewards, batch,
+        rollout_id, reward_t, batch,
         mean_response_length=total_length / count if count else 0.0,
         max_response_length=getattr(args, "rollout_max_response_len", None),
         seq_reduce=topo.seq_reduce, batch_reduce=topo.batch_reduce,
     )
-    if controllers.dcgrpo is not None:
+    if step.advantages is not None:
         advs = list(torch.split(step.advantages, layout.sizes))
     else:
         advs = [torch.ones_like(shape) * reward_t[i] for i, shape in enumerate(shapes)]

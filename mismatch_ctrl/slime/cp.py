@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from ..batch import concat_ranges
+
 
 def local_ranges(total_lengths: torch.Tensor, response_lengths: torch.Tensor, cp_rank: int,
                  cp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,8 +38,5 @@ def local_index(total_lengths: Sequence[int], response_lengths: Sequence[int], c
     start, end = local_ranges(total, response, cp_rank, cp_size)
     sizes = (end - start).clamp_min(0)
     offsets = torch.cumsum(response, 0) - response
-    piece_start = (start + offsets[:, None]).reshape(-1)
-    piece_size = sizes.reshape(-1)
-    index = torch.repeat_interleave(piece_start - (torch.cumsum(piece_size, 0) - piece_size), piece_size)
-    index += torch.arange(index.numel())
+    index = concat_ranges((start + offsets[:, None]).reshape(-1), sizes.reshape(-1))
     return sizes.sum(dim=1).tolist(), index

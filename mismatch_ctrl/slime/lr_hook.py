@@ -33,6 +33,9 @@ def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, opti
     scale = runtime.lr_applied[1]
     base_min = getattr(args, "min_lr", 0.0) or 0.0
     for group in optimizer.param_groups:
+        if group.get("default_config", True) is False:
+            raise ConfigError("lr_decay: a param group has its own LR schedule (megatron param-group overrides); "
+                              "the length-decay factor can only scale the default --lr / --min-lr schedule")
         group["max_lr"] = args.lr * scale
         group["min_lr"] = base_min * scale
         group["lr"] = opt_param_scheduler.get_lr(group)

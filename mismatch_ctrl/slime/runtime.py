@@ -122,6 +122,10 @@ def check_slime_args(args: Any, config: Config) -> None:
     if config.lr_decay.enabled and getattr(args, "decoupled_lr", None) is not None:
         raise ConfigError("lr_decay with --decoupled-lr is not supported: the decoupled param groups cannot be told "
                           "apart in megatron-core 0.16 param groups")
+    if config.needs_train_log_probs and not getattr(args, "get_mismatch_metrics", False):
+        log.warning("mismatch_ctrl: DC-GRPO / ACRL need the training engine's log-probs in the advantage hook; "
+                    "slime skips that recompute with one optimizer step per rollout unless --get-mismatch-metrics "
+                    "is set: add it")
     if config.dcgrpo.enabled and getattr(args, "normalize_advantages", False):
         log.warning("mismatch_ctrl: --normalize-advantages whitens the DC-GRPO-shaped advantages after the hook; "
                     "the penalty then acts relative to the advantage scale")

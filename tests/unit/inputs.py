@@ -98,9 +98,8 @@ def raw_batches(draw, min_seqs: int = 0, max_seqs: int = 8, max_len: int = 30) -
     )
 
 
-def flat_advantages(batch: RawBatch, seed: int = 0) -> tuple[torch.Tensor, list[list[float]]]:
-    """GRPO-like token advantages: one normalised value per sequence on all its tokens (flat, and per sequence)."""
+def seq_advantages(batch: RawBatch, seed: int = 0) -> tuple[torch.Tensor, list[list[float]]]:
+    """GRPO-like advantages: one normalised value per sequence (``[N]``), and as token rows for the reference."""
     g = torch.Generator().manual_seed(seed)
-    per_seq = torch.randn(len(batch.sizes), generator=g).tolist()
-    lists = [[a] * n for a, n in zip(per_seq, batch.sizes)]
-    return torch.tensor([x for row in lists for x in row], dtype=torch.float32), lists
+    per_seq = torch.randn(len(batch.sizes), generator=g)
+    return per_seq, [[a] * n for a, n in zip(per_seq.tolist(), batch.sizes)]

@@ -119,7 +119,7 @@ def test_nonfinite_trained_token_is_masked_and_counted(bad, where):
         result = apply_correction(spec, batch)
         assert bool(torch.isfinite(result.weights).all()) and float(result.weights[4]) == 0.0
         assert all(math.isfinite(v) for v in result.metrics.summarize().values())
-    shaped = shape_advantages(batch, torch.ones(5), DCGRPOSettings(), 0.5, 0.01)
+    shaped = shape_advantages(batch, torch.ones(batch.num_seqs), DCGRPOSettings(), 0.5, 0.01)
     assert bool(torch.isfinite(shaped.advantages).all()) and math.isfinite(shaped.discrepancy)
 
 

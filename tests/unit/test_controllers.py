@@ -11,7 +11,7 @@ from mismatch_ctrl.config import build_config
 from mismatch_ctrl.controllers import ControllerSet
 from mismatch_ctrl.errors import StateError
 
-from .inputs import flat_advantages, random_batch
+from .inputs import random_batch, seq_advantages
 from .test_lr_schedule import length_series
 
 FULL = {"architecture": "moe", "dcgrpo": {"enabled": True, "eps": "auto", "calibration_rollouts": 3},
@@ -22,7 +22,7 @@ LENGTHS = length_series(0, steps=40, start=15, ramp=4, factor=3.0)
 
 def rollout(k: int):
     raw = random_batch(seed=100 + k, num_seqs=6, noise=0.002 * (1 + k % 4))
-    return raw, *flat_advantages(raw, seed=k)
+    return raw, *seq_advantages(raw, seed=k)
 
 
 def run(controllers: ControllerSet, steps: range):
@@ -58,13 +58,26 @@ def test_step_composes_metrics_shaping_dual_update_lr_and_band():
     assert m["acrl_c"] == 1.0 and "acrl_reference" not in m  # still calibrating the reference
 
 
-def test_grpo_passes_advantages_through():
+def test_grpo_leaves_the_advantages_and_logs_no_multiplier():
     controllers = ControllerSet(build_config({}))
     raw, advantages, _ = rollout(1)
     step = controllers.step(0, advantages, raw.token_batch(), 500.0)
-    assert torch.equal(step.advantages, advantages)
-    assert step.metrics["lr_scale"] == 1.0 and "lambda_next" not in step.metrics
+    assert step.advantages is None
+    assert step.metrics["lr_scale"] == 1.0 and step.metrics["discrepancy"] > 0
+    assert not {"lambda", "lambda_next", "eps", "violation", "penalty_share"} & set(step.metrics)
     assert controllers.step(1, advantages, None, 500.0).metrics["lr_scale"] == 1.0
+
+
+def test_eps_and_violation_are_not_logged_while_eps_auto_calibrates():
+    config = build_config({"architecture": "moe", "dcgrpo": {"enabled": True, "eps": "auto", "calibration_rollouts": 2}})
+    controllers = ControllerSet(config)
+    steps = run(controllers, range(3))
+    for step in steps[:2]:
+        assert step.metrics["eps_calibrating"] == 1.0 and step.metrics["lambda"] == 0.0
+        assert "eps" not in step.metrics and "violation" not in step.metrics
+    assert steps[2].metrics["eps"] == pytest.approx(1.1 * (steps[0].metrics["discrepancy"] +
+                                                           steps[1].metrics["discrepancy"]) / 2)
+    assert steps[2].metrics["violation"] == pytest.approx(steps[2].metrics["discrepancy"] - steps[2].metrics["eps"])
 
 
 def test_missing_train_log_probs_are_refused_when_needed():

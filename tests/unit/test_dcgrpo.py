@@ -13,7 +13,7 @@ import reference as ref
 from mismatch_ctrl.dcgrpo import PENALTY_FORMS, DCGRPOSettings, LagrangeController, shape_advantages
 from mismatch_ctrl.signals import SIGNALS
 
-from .inputs import flat_advantages, raw_batches
+from .inputs import raw_batches, seq_advantages
 
 
 @pytest.mark.parametrize("form", PENALTY_FORMS)
@@ -22,7 +22,7 @@ from .inputs import flat_advantages, raw_batches
 @given(raw=raw_batches(), signal=st.sampled_from(SIGNALS), lam=st.sampled_from([0.0, 0.05, 0.7, 3.0]),
        eps=st.sampled_from([1e-4, 0.005, 0.3]))
 def test_shape_advantages_matches_reference(form, aggregation, raw, signal, lam, eps):
-    advantages, advantage_rows = flat_advantages(raw, seed=len(raw.sizes))
+    advantages, advantage_rows = seq_advantages(raw, seed=len(raw.sizes))
     s = DCGRPOSettings(enabled=True, signal=signal, penalty_form=form, aggregation=aggregation)
     got = shape_advantages(raw.token_batch(), advantages, s, lam, eps)
     shaped, c_bar, pen_mean, share = ref.shape_advantages(raw.seqs(), advantage_rows, signal, form, aggregation,
@@ -49,19 +49,20 @@ def test_shaping_subtracts_the_penalty_of_each_form():
     train, rollout = torch.tensor([-1.0, -2.0, -0.1]), torch.tensor([-1.2, -2.0, -0.5])
     batch = TokenBatch.from_lists([train[:2], train[2:]], [rollout[:2], rollout[2:]], [torch.ones(2), torch.ones(1)])
     c = (train.exp() - rollout.exp()).abs()
+    per_seq = torch.tensor([1.0, -2.0])
     a = torch.tensor([1.0, 1.0, -2.0])
     eps, lam = 0.1, 0.5
     expected = {"lagrangian": a - lam * c, "fixed": a - lam * c, "centered": a - lam * (c - eps),
                 "hinge": a - lam * (c - eps).clamp_min(0)}
     for form, want in expected.items():
         s = DCGRPOSettings(enabled=True, penalty_form=form)
-        torch.testing.assert_close(shape_advantages(batch, a, s, lam, eps).advantages, want)
+        torch.testing.assert_close(shape_advantages(batch, per_seq, s, lam, eps).advantages, want)
     seq_mean = float((c[:2].mean() + c[2]) / 2)
     token_mean = float(c.mean())
-    assert shape_advantages(batch, a, DCGRPOSettings(), lam, eps).discrepancy == pytest.approx(seq_mean)
+    assert shape_advantages(batch, per_seq, DCGRPOSettings(), lam, eps).discrepancy == pytest.approx(seq_mean)
     s = DCGRPOSettings(aggregation="token_mean")
-    assert shape_advantages(batch, a, s, lam, eps).discrepancy == pytest.approx(token_mean)
-    shaped = shape_advantages(batch, a, DCGRPOSettings(), lam, eps)
+    assert shape_advantages(batch, per_seq, s, lam, eps).discrepancy == pytest.approx(token_mean)
+    shaped = shape_advantages(batch, per_seq, DCGRPOSettings(), lam, eps)
     assert shaped.penalty_abs_mean == pytest.approx(float((lam * c).mean()))
     assert shaped.penalty_share == pytest.approx(float((lam * c).mean() / a.abs().mean()))
 

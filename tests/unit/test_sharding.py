@@ -16,7 +16,7 @@ from mismatch_ctrl.metrics import mismatch_metrics
 from mismatch_ctrl.presets import PRESETS
 from mismatch_ctrl.sketch import BINS, HIGH, LOW
 
-from .inputs import flat_advantages, random_batch, raw_batches
+from .inputs import random_batch, raw_batches, seq_advantages
 from .test_correction import specs
 
 BIN_RATIO = (HIGH / LOW) ** (1 / BINS)
@@ -78,7 +78,7 @@ def assert_discrepancy_equal(got, expected):
 @given(raw=raw_batches(min_seqs=1), parts=st.integers(1, 4), seed=st.integers(0, 10**6), zigzag=st.booleans(),
        spec=st.one_of(st.sampled_from(sorted(PRESETS)).map(PRESETS.get), specs()), dc=st.sampled_from(DC_SETTINGS))
 def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zigzag, spec, dc):
-    advantages, _ = flat_advantages(raw, seed)
+    advantages, _ = seq_advantages(raw, seed)
     full = unsharded(raw, spec, dc, advantages)
     full_weights = full["correction"].weights.split(raw.sizes)
     full_mask = full["correction"].mask.split(raw.sizes)
@@ -88,8 +88,7 @@ def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zig
 
     def participant(p):
         piece = raw.piece(indices[p])
-        piece_advantages = torch.cat([a[ix] for a, ix in zip(advantages.split(raw.sizes), indices[p])])
-        return piece, run_core(piece, spec, dc, piece_advantages, group.reducer(p), lambda t, op="sum": t)
+        return piece, run_core(piece, spec, dc, advantages, group.reducer(p), lambda t, op="sum": t)
 
     for p, (piece, out) in enumerate(run_ranks(parts, participant, [group])):
         for kind in ("mean", "max", "total"):
@@ -117,17 +116,15 @@ def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zig
 def test_data_parallel_shards_match_the_unsharded_batch(raw, ranks, seed, spec, dc):
     # Batch normalisation is per micro-batch by design (correction.py), so it is not expected to be DP-invariant.
     spec = type(spec)(**{**spec.__dict__, "batch_normalize": False})
-    advantages, _ = flat_advantages(raw, seed)
+    advantages, _ = seq_advantages(raw, seed)
     full = unsharded(raw, spec, dc, advantages)
     owner = torch.randint(ranks, (len(raw.sizes),), generator=torch.Generator().manual_seed(seed)).tolist()
     shards = [[i for i, o in enumerate(owner) if o == r] for r in range(ranks)]  # some may be empty
     group = FakeGroup(ranks, timeout=5)
-    per_seq_advantages = advantages.split(raw.sizes)
 
     def participant(r):
         shard = raw.select(shards[r])
-        shard_advantages = torch.cat([per_seq_advantages[i] for i in shards[r]]) if shards[r] else torch.zeros(0)
-        return run_core(shard, spec, dc, shard_advantages, lambda t, op="sum": t, group.reducer(r))
+        return run_core(shard, spec, dc, advantages[shards[r]], lambda t, op="sum": t, group.reducer(r))
 
     full_weights = full["correction"].weights.split(raw.sizes)
     for r, out in enumerate(run_ranks(ranks, participant, [group])):
@@ -158,19 +155,17 @@ def test_data_parallel_times_context_parallel_mesh():
     raw = random_batch(seed=5, num_seqs=9, noise=0.01)
     dc = DC_SETTINGS[0]
     spec = PRESETS["geo_rs_token_tis"]
-    advantages, _ = flat_advantages(raw, 5)
+    advantages, _ = seq_advantages(raw, 5)
     full = unsharded(raw, spec, dc, advantages)
     shards = [[0, 2, 3, 7], [1, 4, 5, 6, 8]]
     cp_groups = [FakeGroup(2, timeout=5) for _ in range(2)]
     dp_groups = [FakeGroup(2, timeout=5) for _ in range(2)]
-    per_seq_advantages = advantages.split(raw.sizes)
 
     def participant(rank):
         dp, cp = divmod(rank, 2)
         shard = raw.select(shards[dp])
         indices = cp_token_indices(shard.sizes, 2, seed=dp, zigzag=True)[cp]
-        shard_advantages = torch.cat([per_seq_advantages[i][ix] for i, ix in zip(shards[dp], indices)])
-        return run_core(shard.piece(indices), spec, dc, shard_advantages, cp_groups[dp].reducer(cp),
+        return run_core(shard.piece(indices), spec, dc, advantages[shards[dp]], cp_groups[dp].reducer(cp),
                         dp_groups[cp].reducer(dp))
 
     for out in run_ranks(4, participant, cp_groups + dp_groups):
