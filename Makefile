@@ -31,7 +31,8 @@ demo: $(STAMP)  ## run the CPU lab comparison; report and plots in $(OUT)
 bench: $(STAMP)  ## time the core against a Python loop and one elementwise pass
 	$(PY) benchmarks/bench_core.py
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff (installed on first use)
+	$(PY) -m pip install --quiet ruff
 	$(PY) -m ruff check mismatch_ctrl tests benchmarks recipes
 
 clean:  ## remove the virtual environment and run outputs

@@ -161,7 +161,7 @@ def torch_loop_geo(x: dict, batch: TokenBatch) -> tuple[torch.Tensor, dict[str, 
     rows = []
     start = 0
     for n in x["sizes"]:
-        l, m = batch.log_ratio[start:start + n], batch.mask[start:start + n]  # noqa: E741
+        l, m = batch.log_ratio[start:start + n], batch.mask[start:start + n]
         count = float(m.sum())
         denom = max(count, 1.0)
         rho = l.exp()

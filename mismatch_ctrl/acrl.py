@@ -19,7 +19,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from .batch import TokenBatch
 from .correction import CorrectionSpec

@@ -56,21 +56,24 @@ class Segments:
             last = torch.maximum(ends // BLOCK * BLOCK, first)
             head, tail = first - starts, ends - last
             first_block, last_block = first // BLOCK, last // BLOCK
-            edge_index = concat_ranges(torch.stack([starts, last], 1).reshape(-1), torch.stack([head, tail], 1).reshape(-1))
+            edge_index = concat_ranges(torch.stack([starts, last], 1).reshape(-1),
+                                       torch.stack([head, tail], 1).reshape(-1))
             self._layout = (first_block, last_block, concat_ranges(first_block, last_block - first_block), edge_index,
                             head + tail)
         return self._layout
 
     def sum(self, *columns: torch.Tensor) -> torch.Tensor:
-        """Per-sequence sums of each ``[T]`` column, stacked to ``[N, K]`` (empty sequences sum to 0)."""
+        """Per-sequence sums of each ``[T]`` column, stacked to ``[N, K]``; empty sequences sum to 0.
+        Differentiable."""
         if self.num_seqs == 0:
             return columns[0].new_zeros(0, len(columns))
         first, last, _, index, edge_sizes = self._blocks()
         whole = self.num_tokens // BLOCK
         out = []
+        zero = columns[0].new_zeros(1, dtype=torch.float64)
         for column in columns:
-            prefix = column.new_zeros(whole + 1, dtype=torch.float64)
-            torch.cumsum(column[:whole * BLOCK].reshape(whole, BLOCK).sum(1).double(), 0, out=prefix[1:])
+            block_sums = column[:whole * BLOCK].reshape(whole, BLOCK).sum(1).double()
+            prefix = torch.cat([zero, torch.cumsum(block_sums, 0)])
             edges = torch.segment_reduce(column[index], "sum", lengths=edge_sizes)
             out.append((prefix[last] - prefix[first] + edges).to(column.dtype))
         return torch.stack(out, dim=1)

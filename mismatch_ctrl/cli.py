@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--task", default="add", help="add (reversed addition, ~5-token answers) or reverse (long "
                                                    "answers, 32-64 tokens: the stress task)")
     lab.add_argument("--steps", type=int, default=200, help="rollouts (training iterations) per run")
-    lab.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    lab.add_argument("--lr", type=float, default=1.5e-3,
+                     help="Adam learning rate (1.5e-3: the edge of stability of the add task, see the README)")
     lab.add_argument("--seed", type=int, default=0, help="seed of prompts, sampling and data order")
     lab.add_argument("--prompts", type=int, default=32, help="prompts per rollout")
     lab.add_argument("--samples", type=int, default=8, help="samples per prompt")

@@ -78,7 +78,7 @@ TOP_LEVEL_KEYS = ("name", "architecture", "nonfinite", "correction", *SECTIONS)
 
 
 def load_config(path: str | Path, **resolve: Any) -> Config:
-    """Read a YAML file with a top-level ``mismatch_ctrl:`` key and build the :class:`Config` (see :func:`build_config`)."""
+    """Read a YAML file with a top-level ``mismatch_ctrl:`` key and build its :class:`Config` (:func:`build_config`)."""
     path = Path(path)
     try:
         document = yaml.safe_load(path.read_text())

@@ -97,7 +97,7 @@ def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reduce
     Comparisons are written as 0/1 floats into tensors whose sums are already taken (``out=``): no bool
     intermediates and few fresh token-sized tensors, which dominate the cost on CPU.
     """
-    seg, m, l = batch.segments, batch.mask, batch.log_ratio  # noqa: E741 - the paper's symbol
+    seg, m, l = batch.segments, batch.mask, batch.log_ratio
     seq_level = bool({spec.is_level, spec.rs_level} & {"sequence", "geometric"})
     lm = l * m if seq_level or spec.veto is not None else None
     parts = [seg.sum(m)]

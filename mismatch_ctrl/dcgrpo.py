@@ -198,7 +198,8 @@ class LagrangeController:
         if self.auto:
             self.eps = s.eps_auto_factor * floor
             self.lam = float(s.lambda_0)
-            log.info("DC-GRPO eps calibrated: eps = %.3g x median C_bar %.4g = %.4g", s.eps_auto_factor, floor, self.eps)
+            log.info("DC-GRPO eps calibrated: eps = %.3g x median C_bar %.4g = %.4g", s.eps_auto_factor, floor,
+                     self.eps)
         elif self.eps < floor:
             clamped = s.eps_auto_factor * floor
             log.warning(

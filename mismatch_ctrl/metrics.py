@@ -70,7 +70,7 @@ def mismatch_metrics(batch: TokenBatch, seq_reduce: Reducer = local_reduce) -> S
     """The section-6 mismatch metrics of ``batch``, per sequence (shards combined with ``seq_reduce``)."""
     m = batch.mask
     seg = batch.segments
-    l = batch.log_ratio  # noqa: E741 - the paper's symbol
+    l = batch.log_ratio
     prob_diff = token_signal(batch, "prob_diff").mul_(m)
     buffer = batch.train_log_probs * m  # reused for each column once its sums are taken
     parts = [seg.sum(m, buffer)]

@@ -21,7 +21,8 @@ def log_histogram(values: torch.Tensor, weights: torch.Tensor | None = None, low
                   bins: int = BINS) -> torch.Tensor:
     """Counts ``[bins + 2]`` (underflow, bins, overflow) of non-negative ``values``, optionally weighted."""
     pos = (torch.log(values.double().clamp_min(low * 0.5)) - math.log(low)) / (math.log(high) - math.log(low)) * bins
-    index = torch.where(values < low, 0, torch.where(values > high, bins + 1, pos.floor().long().clamp(0, bins - 1) + 1))
+    inside = pos.floor().long().clamp(0, bins - 1) + 1
+    index = torch.where(values < low, 0, torch.where(values > high, bins + 1, inside))
     w = torch.ones_like(values, dtype=torch.float64) if weights is None else weights.double()
     return torch.zeros(bins + 2, dtype=torch.float64, device=values.device).index_add_(0, index, w)
 

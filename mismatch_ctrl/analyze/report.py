@@ -8,17 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..formatting import fmt
 from .stats import PRESET_NAMES
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if value and (abs(value) < 1e-2 or abs(value) >= 1e4) else f"{value:.{digits}f}"
-    return str(value)
 
 
 def _pct(value: float | None) -> str:
@@ -27,7 +18,7 @@ def _pct(value: float | None) -> str:
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-        ["| " + " | ".join(cell if isinstance(cell, str) else _fmt(cell) for cell in row) + " |" for row in rows]
+        ["| " + " | ".join(cell if isinstance(cell, str) else fmt(cell) for cell in row) + " |" for row in rows]
 
 
 def _recommendations(result: dict[str, Any]) -> list[str]:
@@ -41,36 +32,36 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
     else:
         partial = (f" (from only {rec['rollouts_measured']} rollouts: the rule needs {rec['calibration_rollouts']})"
                    if rec["partial"] else "")
-        lines.append(f"**eps.** The `eps: auto` rule, {rec['rule']}, gives **eps = {_fmt(rec['eps_auto'], 4)}**"
+        lines.append(f"**eps.** The `eps: auto` rule, {rec['rule']}, gives **eps = {fmt(rec['eps_auto'], 4)}**"
                      f"{partial}.")
         spread = rec["window_spread"]
         if spread:
             lines.append(f"Applied to each of the {spread['windows']} windows of {rec['calibration_rollouts']} "
-                         f"consecutive rollouts it gives {_fmt(spread['min'], 4)} to {_fmt(spread['max'], 4)} "
-                         f"(median {_fmt(spread['median'], 4)}).")
+                         f"consecutive rollouts it gives {fmt(spread['min'], 4)} to {fmt(spread['max'], 4)} "
+                         f"(median {fmt(spread['median'], 4)}).")
         c = rec["c_bar_over_rollouts"]
-        lines += [f"C_bar over rollouts: p10 {_fmt(c['p10'], 4)}, median {_fmt(c['p50'], 4)}, p90 {_fmt(c['p90'], 4)}. "
+        lines += [f"C_bar over rollouts: p10 {fmt(c['p10'], 4)}, median {fmt(c['p50'], 4)}, p90 {fmt(c['p90'], 4)}. "
                   f"Infeasible-budget floor (median C_bar of the first {replay['settings']['floor_rollouts']} "
-                  f"rollouts): {_fmt(rec['eps_floor'], 4)}; an eps below it makes lambda climb to lambda_max.", ""]
+                  f"rollouts): {fmt(rec['eps_floor'], 4)}; an eps below it makes lambda climb to lambda_max.", ""]
         lines += _table(["eps candidate", "eps", "rollouts with C_bar > eps"],
-                        [[f"`{x['name']}`", _fmt(x["eps"], 4), _pct(x["fraction_above"])] for x in rec["candidates"]])
+                        [[f"`{x['name']}`", fmt(x["eps"], 4), _pct(x["fraction_above"])] for x in rec["candidates"]])
         lines += ["", "Architecture defaults (configs/arch; ALGORITHMS.md section 2):", ""]
         lines += _table(["architecture", "lambda_0", "eta", "eps", "lambda_max"],
                         [[arch, d["lambda_0"], d["eta"], d["eps"], d["lambda_max"]]
                          for arch, d in rec["arch_defaults"].items()])
         s = replay["settings"]
-        eps_text = _fmt(s["eps"], 4) if not isinstance(s["eps"], str) else s["eps"]
+        eps_text = fmt(s["eps"], 4) if not isinstance(s["eps"], str) else s["eps"]
         lines += ["", f"**DC-GRPO replay** (`ControllerSet.step` over the recorded rollouts; signal `{s['signal']}`, "
-                      f"penalty `{s['penalty_form']}`, C_bar `{s['aggregation']}`): lambda_0 {_fmt(s['lambda_0'])}, "
-                      f"eta {_fmt(s['eta'])}, eps {eps_text}, lambda_max {_fmt(s['lambda_max'])}."]
+                      f"penalty `{s['penalty_form']}`, C_bar `{s['aggregation']}`): lambda_0 {fmt(s['lambda_0'])}, "
+                      f"eta {fmt(s['eta'])}, eps {eps_text}, lambda_max {fmt(s['lambda_max'])}."]
         if replay["guard_raised_eps"]:
             lines.append(f"The infeasible-budget guard (`eps_guard: {s['eps_guard']}`) raised eps to "
-                         f"{_fmt(replay['eps_final'], 4)}: the chosen eps is below the floor "
-                         f"{_fmt(replay['eps_floor'], 4)}.")
+                         f"{fmt(replay['eps_final'], 4)}: the chosen eps is below the floor "
+                         f"{fmt(replay['eps_floor'], 4)}.")
         lines.append(f"C_bar exceeded eps in {_pct(replay['fraction_above_eps'])} of the rollouts; lambda ends at "
-                     f"{_fmt(replay['lambda_final'], 4)} and sits at lambda_max after "
+                     f"{fmt(replay['lambda_final'], 4)} and sits at lambda_max after "
                      f"{_pct(replay['fraction_at_lambda_max'])} of them; mean penalty share (|lambda c| / |A|) "
-                     f"{_fmt(replay['penalty_share_mean'])}.")
+                     f"{fmt(replay['penalty_share_mean'])}.")
         lines.append(_replay_verdict(replay))
         lines += ["", "**Rollout correction presets** (what each would have rejected on these rollouts; TIS presets "
                       "reject nothing and truncate the weights of the 'truncated' fraction):", ""]
@@ -82,12 +73,12 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
     max_len = result["max_response_len"]
     lines += ["", f"**LR decay.** Surge detector: {surge['verdict']}."]
     if surge["T_d"] is not None:
-        lines.append(f"The learning rate would be multiplied by {_fmt(surge['factor'])} at rollout "
+        lines.append(f"The learning rate would be multiplied by {fmt(surge['factor'])} at rollout "
                      f"{surge['first_halving']} and every {surge['T_d']} rollouts after it, down to "
-                     f"{_fmt(surge['min_scale'])} x lr_0.")
+                     f"{fmt(surge['min_scale'])} x lr_0.")
     if surge["configured_period"] is not None:
         lines.append(f"The method sets a manual period of {surge['configured_period']} rollouts.")
-    lines.append(f"Maximum response length: {_fmt(max_len['value'])}" +
+    lines.append(f"Maximum response length: {fmt(max_len['value'])}" +
                  (f" ({max_len['source']})." if max_len["source"] else
                   ": unknown (no truncation recorded; pass --max-response-len for the truncation rate and the "
                   "detector's truncation cap)."))
@@ -113,7 +104,7 @@ def _distribution(result: dict[str, Any]) -> list[str]:
     return ["## Per-token |p_train - p_rollout|, all rollouts", "",
             f"Over {int(pooled['tokens'])} trained tokens (quantiles from a log-histogram, about 6% resolution; values "
             "below 1e-8 read as 1e-8):", ""] + \
-        _table([*q, *(f"fraction {k}" for k in tail)], [[*(_fmt(v) for v in q.values()), *map(_pct, tail.values())]]) \
+        _table([*q, *(f"fraction {k}" for k in tail)], [[*(fmt(v) for v in q.values()), *map(_pct, tail.values())]]) \
         + [""]
 
 

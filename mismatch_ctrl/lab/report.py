@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..formatting import fmt
+
 DCGRPO_KEY = "lambda_next"
 """A record key present only in runs with DC-GRPO enabled."""
 
@@ -82,14 +84,6 @@ def write_plots(runs: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Pa
     return [path, *written]
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1e-2 and value else f"{value:.{digits}f}"
-    return str(value)
-
-
 def write_report(summaries: list[dict[str, Any]], plots: list[Path], out_dir: Path, command: str) -> Path:
     """``report.md``: settings, one row per run, the plots."""
     settings = summaries[0]["settings"]
@@ -111,8 +105,8 @@ def write_report(summaries: list[dict[str, Any]], plots: list[Path], out_dir: Pa
         lines.append(
             f"| `{s['label']}` | {s['initial_acc_engine']:.3f} / {s['final_acc_engine']:.3f} / "
             f"{s['best_acc_engine']:.3f} | {s['final_acc_fp32']:.3f} / {s['best_acc_fp32']:.3f} | "
-            f"{s['final_reward']:.3f} | {_fmt(s['discrepancy_mean'])} / {_fmt(s['discrepancy_max'])} | "
-            f"{_fmt(s['collapse_step'])} | {s['seconds_per_step']:.2f} | {s['seconds']:.0f} |")
+            f"{s['final_reward']:.3f} | {fmt(s['discrepancy_mean'])} / {fmt(s['discrepancy_max'])} | "
+            f"{fmt(s['collapse_step'])} | {s['seconds_per_step']:.2f} | {s['seconds']:.0f} |")
     lines += [
         "",
         "Discrepancy: `C_bar`, the mean over sequences of the per-token mean |p_train - p_rollout| of a rollout. "

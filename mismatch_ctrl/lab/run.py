@@ -16,7 +16,7 @@ import torch
 from .methods import RunSpec
 from .report import read_metrics, write_plots, write_report
 from .trainer import LabSettings, Trainer
-from .warmup import WARMUP_PRESETS, warmup_policy
+from .warmup import WARMUP_PRESETS, WarmupConfig, warmup_policy
 
 DEFAULT_METHODS = "grpo@none,grpo,dcgrpo,geo_mis,token_tis,length_decay,dcgrpo_length_decay"
 
@@ -36,16 +36,23 @@ def _train_one(spec: RunSpec, settings: LabSettings, policy_bytes: bytes, out_di
     return trainer.run(lambda n: progress.put((spec.label, n)) if progress is not None else None)
 
 
-def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int = 1, command: str = "mismatch-ctrl lab",
-            cache_dir: str | Path | None = None, show_progress: bool = True) -> LabResult:
-    """Train each run from the same warmed-up policy and write ``out_dir/report.md``, plots and per-run metrics."""
+def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int = 1,
+            command: str = "mismatch-ctrl lab", cache_dir: str | Path | None = None, show_progress: bool = True,
+            warmup: WarmupConfig | None = None) -> LabResult:
+    """Train each run from the same warmed-up policy and write ``out_dir/report.md``, plots and per-run metrics.
+
+    ``warmup`` defaults to the task's preset (``WARMUP_PRESETS``); it is trained once and cached.
+    """
     torch.set_num_threads(1)
     labels = [spec.label for spec in runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"runs must be distinct, got {labels}")
-    if settings.task not in WARMUP_PRESETS:
+    if warmup is None and settings.task not in WARMUP_PRESETS:
         raise ValueError(f"task: unknown {settings.task!r}; choose one of {sorted(WARMUP_PRESETS)}")
-    warm = warmup_policy(WARMUP_PRESETS[settings.task], cache_dir=cache_dir, log=print if show_progress else None)
+    warmup = warmup or WARMUP_PRESETS[settings.task]
+    if warmup.task != settings.task:
+        raise ValueError(f"the warm-up is for task {warmup.task!r} but the runs are for {settings.task!r}")
+    warm = warmup_policy(warmup, cache_dir=cache_dir, log=print if show_progress else None)
     if show_progress:
         print(f"warm-up: {'cached' if warm.from_cache else f'{warm.seconds:.0f} s'}, sample accuracy "
               f"{warm.sample_accuracy:.2f}, greedy accuracy {warm.greedy_accuracy:.2f}")

@@ -45,7 +45,7 @@ class LabSettings:
 
     task: str = "add"
     steps: int = 200
-    lr: float = 1e-3
+    lr: float = 1.5e-3
     seed: int = 0
     prompts_per_step: int = 32
     samples_per_prompt: int = 8

@@ -56,7 +56,8 @@ class LocalLayout:
             raise InputError(f"{name} has {len(tensors)} samples but response_lengths has {len(self.sizes)}")
         for i, (t, n) in enumerate(zip(tensors, self.sizes)):
             if t.numel() != n:
-                where = "" if self.cp_size == 1 else f" (this context-parallel rank's share of {self.response_lengths[i]})"
+                where = "" if self.cp_size == 1 else \
+                    f" (this context-parallel rank's share of {self.response_lengths[i]})"
                 raise InputError(f"sample {i}: {name} has {t.numel()} tokens but the response has {n}{where}; "
                                  "the trainer and the rollout engine must score exactly the response tokens")
 

@@ -10,17 +10,17 @@ Output (``--out DIR``), one JSON object per line, used with ``--input-key prompt
 
 Default sources (hub id, split; problem column, answer column), checked against the dataset cards:
 
-=============  ===================================  =====  ========================  =====================================
-set            hub id                               split  problem column            answer column
-=============  ===================================  =====  ========================  =====================================
-dapo-math-17k  BytedTsinghua-SIA/DAPO-Math-17k      train  prompt (chat messages)    reward_model.ground_truth
-aime24         HuggingFaceH4/aime_2024              train  problem                   answer
-aime25         math-ai/aime25                       test   problem                   answer
-amc23          math-ai/amc23                        test   question                  answer (a number, e.g. 27.0)
-math500        HuggingFaceH4/MATH-500               test   problem                   answer
-minerva        math-ai/minervamath                  test   question                  answer
-olympiadbench  math-ai/olympiadbench                test   question                  final_answer (a list of strings)
-=============  ===================================  =====  ========================  =====================================
+=============  ===================================  =====  ======================  ================================
+set            hub id                               split  problem column          answer column
+=============  ===================================  =====  ======================  ================================
+dapo-math-17k  BytedTsinghua-SIA/DAPO-Math-17k      train  prompt (chat messages)  reward_model.ground_truth
+aime24         HuggingFaceH4/aime_2024              train  problem                 answer
+aime25         math-ai/aime25                       test   problem                 answer
+amc23          math-ai/amc23                        test   question                answer (a number, e.g. 27.0)
+math500        HuggingFaceH4/MATH-500               test   problem                 answer
+minerva        math-ai/minervamath                  test   question                answer
+olympiadbench  math-ai/olympiadbench                test   question                final_answer (a string list)
+=============  ===================================  =====  ======================  ================================
 
 Each set also accepts a few other known layouts (``SOURCES[name].layouts``, tried in order), among them slime's
 own ``prompt``/``label``; ``--columns NAME=PROBLEM,ANSWER`` forces one. A column may be a dotted path into a struct.

@@ -1,4 +1,5 @@
-"""Math reward for slime's ``--custom-rm-path recipes.qwen3_30b_a3b.reward.rm``: 1.0 iff the final answer equals the label.
+"""Math reward for slime's ``--custom-rm-path recipes.qwen3_30b_a3b.reward.rm``: 1.0 iff the final answer equals
+the label.
 
 Equivalence is decided by math-verify (``parse`` + ``verify``: numbers, fractions, LaTeX vs plain, sets,
 intervals, units stripped). The answer examined is, in order:

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mismatch_ctrl.analyze.dumps import samples_from_rollout_data, write_train_dump
-from mismatch_ctrl.analyze.report import _fmt, _pct
+from mismatch_ctrl.analyze.report import _pct
 from mismatch_ctrl.cli import main
+from mismatch_ctrl.formatting import fmt
 
 from .synthetic import make_rollout, write_run
 
@@ -34,16 +35,16 @@ def test_report_plots_and_json_agree(dumps, tmp_path, capsys):
     assert [s["path"] for s in result["skipped"]] == [str(dumps / "train_data" / "12.pt")]
     assert "skipped `" + str(dumps / "train_data" / "12.pt") in report
     rec = result["recommendation"]
-    assert f"**eps = {_fmt(rec['eps_auto'], 4)}**" in report
+    assert f"**eps = {fmt(rec['eps_auto'], 4)}**" in report
     for candidate in rec["candidates"]:
-        row = f"| `{candidate['name']}` | {_fmt(candidate['eps'], 4)} | {_pct(candidate['fraction_above'])} |"
+        row = f"| `{candidate['name']}` | {fmt(candidate['eps'], 4)} | {_pct(candidate['fraction_above'])} |"
         assert row in report
     replay = result["dcgrpo_replay"]
     assert f"C_bar exceeded eps in {_pct(replay['fraction_above_eps'])} of the rollouts" in report
     geo = result["presets"]["geo_mis"]
     assert f"| `geo_mis` | {_pct(geo['tokens_mean'])} / {_pct(geo['tokens_max'])} |" in report
     first = result["rollouts"][0]
-    assert f"| 0 | 6 | {_fmt(first['mean_response_length'])} | {_pct(first['truncation_rate'])} |" in report
+    assert f"| 0 | 6 | {fmt(first['mean_response_length'])} | {_pct(first['truncation_rate'])} |" in report
     assert result["surge"]["verdict"] in report
 
 

@@ -1,4 +1,5 @@
-"""The slime --eval-config file: six benchmarks, the agreed sampling settings, keys slime accepts, paths data.py writes."""
+"""The slime --eval-config file: six benchmarks, the agreed sampling settings, keys slime accepts, and the paths
+data.py writes."""
 
 from __future__ import annotations
 

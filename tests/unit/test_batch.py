@@ -175,3 +175,20 @@ def test_batch_without_trained_tokens():
     shaped = shape_advantages(batch, torch.tensor([1.0, 1.0, -1.0]), DCGRPOSettings(), 0.5, 0.01)
     assert shaped.discrepancy is None and shaped.penalty_share == 0.0
     assert sequence_level_discrepancy(batch) is None
+
+
+def test_segment_sums_are_differentiable_and_exact_across_block_boundaries():
+    from mismatch_ctrl.batch import BLOCK, Segments
+
+    sizes = [0, 3, BLOCK - 3, BLOCK, 2 * BLOCK + 5, 1, 0, 3 * BLOCK]
+    segments = Segments(sizes)
+    x = torch.randn(segments.num_tokens, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(len(sizes), dtype=torch.float64)
+    got = segments.sum(x)[:, 0]
+    expected = torch.stack([piece.sum() for piece in x.detach().split(sizes)])
+    torch.testing.assert_close(got, expected)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(x.grad, segments.expand(weights))
+    maxima = segments.max(x.detach(), empty=-7.0)
+    torch.testing.assert_close(maxima, torch.stack([p.max() if p.numel() else torch.tensor(-7.0, dtype=torch.float64)
+                                                    for p in x.detach().split(sizes)]))

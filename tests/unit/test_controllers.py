@@ -69,7 +69,8 @@ def test_grpo_leaves_the_advantages_and_logs_no_multiplier():
 
 
 def test_eps_and_violation_are_not_logged_while_eps_auto_calibrates():
-    config = build_config({"architecture": "moe", "dcgrpo": {"enabled": True, "eps": "auto", "calibration_rollouts": 2}})
+    dcgrpo = {"enabled": True, "eps": "auto", "calibration_rollouts": 2}
+    config = build_config({"architecture": "moe", "dcgrpo": dcgrpo})
     controllers = ControllerSet(config)
     steps = run(controllers, range(3))
     for step in steps[:2]:
