@@ -20,7 +20,7 @@ from .correction import CorrectionSpec
 from .dcgrpo import LagrangeController, shape_advantages
 from .dist import Reducer, local_reduce
 from .errors import StateError
-from .lr_schedule import LengthTriggeredLR
+from .lr_schedule import LengthTriggeredLR, SurgeDetector
 from .metrics import mismatch_metrics
 
 
@@ -34,12 +34,15 @@ class RolloutStep:
 
 
 class ControllerSet:
-    """DC-GRPO multiplier, LR-decay schedule and ACRL band (each only if enabled), with one state dict."""
+    """DC-GRPO multiplier, LR-decay schedule and ACRL band (each only if enabled) and the response-length surge
+    detector (always: an early warning of collapse for every method, and the source of ``period: auto``), with one
+    state dict."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.dcgrpo = LagrangeController(config.dcgrpo) if config.dcgrpo.enabled else None
-        self.lr = LengthTriggeredLR(config.lr_decay) if config.lr_decay.enabled else None
+        self.surge = SurgeDetector(config.lr_decay.surge)
+        self.lr = LengthTriggeredLR(config.lr_decay, self.surge) if config.lr_decay.enabled else None
         self.acrl = BandController(config.acrl) if config.acrl.enabled else None
         self.last_rollout: int | None = None
 
@@ -96,13 +99,11 @@ class ControllerSet:
                                eps_calibrating=float(calibrating), discrepancy=shaped.discrepancy,
                                violation=violation, penalty_abs_mean=shaped.penalty_abs_mean,
                                penalty_share=shaped.penalty_share)
+        surge = self.surge
+        surge.update(rollout_id, mean_response_length, max_response_length)
+        metrics.update(surge_ratio=surge.ratio, surge_baseline=surge.baseline, surge_threshold=surge.threshold,
+                       surge_triggered=float(surge.triggered), surge_onset=surge.onset)
         if self.lr is not None:
-            self.lr.observe(rollout_id, mean_response_length, max_response_length)
-            detector = self.lr.detector
-            if detector is not None:
-                metrics.update(surge_ratio=detector.ratio, surge_baseline=detector.baseline,
-                               surge_threshold=detector.threshold, surge_triggered=float(detector.triggered),
-                               surge_onset=detector.onset)
             metrics["lr_period"] = self.lr.period
         metrics["lr_scale"] = self.lr_scale(rollout_id)
         if self.acrl is not None:
@@ -115,12 +116,12 @@ class ControllerSet:
         return {
             "last_rollout": self.last_rollout,
             "dcgrpo": None if self.dcgrpo is None else self.dcgrpo.state_dict(),
-            "lr": None if self.lr is None else self.lr.state_dict(),
+            "surge": self.surge.state_dict(),
             "acrl": None if self.acrl is None else self.acrl.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("dcgrpo", "lr", "acrl"):
+        for key in ("dcgrpo", "surge", "acrl"):
             controller = getattr(self, key)
             if key not in state:
                 raise StateError(f"saved state has no {key!r} entry")

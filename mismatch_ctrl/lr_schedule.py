@@ -167,11 +167,12 @@ class SurgeDetector:
 
 
 class LengthTriggeredLR:
-    """The LR multiplier of the length-decay schedule, with the surge detector when ``period: auto``."""
+    """The LR multiplier of the length-decay schedule, with the surge detector when ``period: auto`` (``detector``,
+    or a new one from ``settings.surge``)."""
 
-    def __init__(self, settings: LengthDecaySettings) -> None:
+    def __init__(self, settings: LengthDecaySettings, detector: SurgeDetector | None = None) -> None:
         self.settings = settings
-        self.detector = SurgeDetector(settings.surge) if settings.period == "auto" else None
+        self.detector = (detector or SurgeDetector(settings.surge)) if settings.period == "auto" else None
 
     def observe(self, step: int, mean_length: float, max_length: float | None = None) -> None:
         """Feed the mean response length of rollout ``step`` to the detector (no-op with a manual period)."""

@@ -20,12 +20,13 @@ LAB_ADJUSTMENTS: dict[str, Any] = {
 }
 """The surge detector's absolute minimum rise (300 tokens, for LLM responses) scaled to the lab's short answers."""
 
+_TIGHT = {"eps": 1.0e-4, "lambda_max": 50.0, "eta": 10.0}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "dcgrpo_tight_noguard": ("dcgrpo", {"dcgrpo": {"eps": 1.0e-4, "lambda_max": 50.0, "eps_guard": "off"}}),
-    "dcgrpo_tight_guard": ("dcgrpo", {"dcgrpo": {"eps": 1.0e-4, "lambda_max": 50.0, "eps_guard": "clamp"}}),
+    "dcgrpo_tight_noguard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "off"}}),
+    "dcgrpo_tight_guard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "clamp"}}),
 }
 """DC-GRPO with eps far below the FP8 engine's discrepancy floor and a large lambda_max, without and with the
-infeasible-budget guard (ALGORITHMS.md section 2)."""
+infeasible-budget guard (ALGORITHMS.md section 2); eta = 10 lets lambda climb within a lab run's 200 rollouts."""
 
 
 def method_names() -> list[str]:

@@ -221,7 +221,7 @@ class ReverseTask(Task):
         self.reward_mode = reward_mode
         self.prompt_len = max_digits + 2
         self.max_response_len = max_digits + 1
-        self.generation_len = self.max_response_len + 16
+        self.generation_len = self.max_response_len
 
     def make_prompts(self, n: int, generator: torch.Generator) -> Tensor:
         lengths = torch.randint(self.min_digits, self.max_digits + 1, (n,), generator=generator)

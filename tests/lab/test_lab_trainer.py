@@ -72,14 +72,14 @@ def test_same_seed_gives_the_same_metrics_and_another_seed_does_not(tmp_path):
 
 
 def test_dcgrpo_lambda_rises_while_the_engine_discrepancy_is_above_eps(tmp_path):
-    # eps = 1e-4 far below an e5m2 engine's discrepancy, guard off: each rollout adds eta (C_bar - eps) > 0.
+    # eps = 1e-4 far below an e5m2 engine's discrepancy, guard off: each rollout adds eta (C_bar - eps) > 0, eta = 10.
     trainer = Trainer(RunSpec.parse("dcgrpo_tight_noguard", "e5m2"), LabSettings(**TINY), random_policy_state(),
                       tmp_path)
     trainer.run()
     rows = records(tmp_path / "metrics.jsonl")
     for row, following in zip(rows, rows[1:]):
         assert row["discrepancy"] > row["eps"] == 1e-4
-        assert following["lambda"] == pytest.approx(row["lambda"] + row["discrepancy"] - row["eps"], rel=1e-6)
+        assert following["lambda"] == pytest.approx(row["lambda"] + 10 * (row["discrepancy"] - row["eps"]), rel=1e-6)
         assert following["lambda"] > row["lambda"]
 
 

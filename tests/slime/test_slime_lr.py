@@ -28,7 +28,7 @@ def halving_scale(r: int, period: int, first: int) -> float:
 def expected_scales(runs, name: str) -> list[float]:
     if name == "manual":
         return [max(0.5 ** (r // 5), 0.1) for r in range(LR_ROLLOUTS)]
-    detector = runs.reference[f"lr/{name}"][-1]["state"]["lr"]["detector"]
+    detector = runs.reference[f"lr/{name}"][-1]["state"]["surge"]
     period = round(1.8 * detector["onset"])
     first = max(period, detector["triggered_at"])
     return [halving_scale(r, period, first) for r in range(LR_ROLLOUTS)]
@@ -46,7 +46,7 @@ def test_reference_detector_sees_the_surge(runs):
     """The surge starts at rollout 6; with windows 3 / 5, gap 2 and 2 consecutive rollouts it is confirmed within
     three rollouts and dated back to its start (so the schedule below has halvings to check). The schedule written
     out here is ``mismatch_ctrl.lr_schedule.decay_scale`` with the detector's period and trigger."""
-    detector = runs.reference["lr/auto"][-1]["state"]["lr"]["detector"]
+    detector = runs.reference["lr/auto"][-1]["state"]["surge"]
     assert detector["onset"] == SURGE_AT
     assert SURGE_AT < detector["triggered_at"] <= SURGE_AT + 3
     scales = expected_scales(runs, "auto")
@@ -72,7 +72,7 @@ def test_optimizer_steps_use_the_scheduled_lr_on_every_rank(runs, name, world):
             assert ("state" in record) == rank["view"].last_stage, where
             if rank["view"].last_stage:
                 assert record["lr_scale"] == scales[r], where
-                assert_tree_close(record["state"]["lr"], reference[r]["state"]["lr"], *tolerance(world), path=where)
+                assert_tree_close(record["state"]["surge"], reference[r]["state"]["surge"], *tolerance(world), path=where)
             assert len(record["steps"]) == STEPS_PER_ROLLOUT
             for s, styles in enumerate(record["steps"]):
                 for style, step in styles.items():

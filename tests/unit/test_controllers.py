@@ -106,7 +106,7 @@ def test_state_round_trips_through_json_and_continues_identically(cut):
 def test_state_of_another_method_is_refused():
     dcgrpo_only = ControllerSet(build_config({"architecture": "moe", "dcgrpo": {"enabled": True}}))
     full = ControllerSet(build_config(FULL))
-    with pytest.raises(StateError, match="saved state has lr disabled but the configuration has it enabled"):
+    with pytest.raises(StateError, match="saved state has acrl disabled but the configuration has it enabled"):
         full.load_state_dict(dcgrpo_only.state_dict())
     with pytest.raises(StateError, match="saved dcgrpo state is corrupt"):
         dcgrpo_only.load_state_dict({**dcgrpo_only.state_dict(), "dcgrpo": {"lam": 0.1}})
