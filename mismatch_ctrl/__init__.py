@@ -1,1 +1,10 @@
-"""mismatch_ctrl."""
+"""mismatch_ctrl: control the training-inference mismatch of RL with FP8 rollouts.
+
+Framework-free core (torch only): :mod:`.batch` (the flat token batch), :mod:`.signals`, :mod:`.metrics`,
+:mod:`.correction` and :mod:`.presets` (IS/RS), :mod:`.dcgrpo`, :mod:`.lr_schedule`, :mod:`.acrl` (our
+interpretation of ACRL), :mod:`.controllers` (all of them advanced once per rollout), :mod:`.config`, :mod:`.state`.
+slime users put the functions of :mod:`mismatch_ctrl.slime.hooks` on slime's command line; ``mismatch-ctrl lab`` and
+``mismatch-ctrl analyze`` are the CPU lab and the dump analyser.
+"""
+
+__version__ = "0.1.0"

@@ -6,17 +6,8 @@ measure the discrepancy (:mod:`.stats`), replay the controllers (:mod:`.replay`)
 """
 
 from .analysis import AnalyzeOptions, analyze_dumps
-from .dumps import (
-                    DumpError,
-                    RolloutDump,
-                    Skipped,
-                    find_rollouts,
-                    iter_rollouts,
-                    read_rollout,
-                    samples_from_rollout_data,
-                    write_rollout_dump,
-                    write_train_dump,
-)
+from .dumps import (DumpError, RolloutDump, Skipped, find_rollouts, iter_rollouts, read_rollout,
+                    samples_from_rollout_data, write_rollout_dump, write_train_dump)
 from .report import write_report
 
 __all__ = ["AnalyzeOptions", "DumpError", "RolloutDump", "Skipped", "analyze_dumps", "find_rollouts", "iter_rollouts",
