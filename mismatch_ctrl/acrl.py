@@ -42,6 +42,7 @@ class ACRLSettings:
     calibration_rollouts: int = 10
 
     def problems(self) -> list[tuple[str, str]]:
+        """(key, message) pairs for every invalid value; the config loader raises on the first."""
         out = []
         if not 0 < self.c_min <= self.c_0 <= self.c_max:
             out.append(("c_0", f"need 0 < c_min <= c_0 <= c_max, got {self.c_min}, {self.c_0}, {self.c_max}"))
@@ -100,9 +101,11 @@ class BandController:
             self.c = min(s.grow * self.c, s.c_max)
 
     def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"c": self.c, "reference": self.reference, "observed": list(self.observed), "last": self.last}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot taken by ``state_dict``."""
         self.c = float(state["c"])
         self.reference = None if state["reference"] is None else float(state["reference"])
         self.observed = [float(v) for v in state["observed"]]

@@ -45,6 +45,7 @@ class StateSettings:
     resume: Literal["require", "fresh"] = "require"
 
     def problems(self) -> list[tuple[str, str]]:
+        """(key, message) pairs for every invalid value; the config loader raises on the first."""
         return [("keep_last", f"must be >= 1, got {self.keep_last}")] if self.keep_last < 1 else []
 
 

@@ -113,6 +113,7 @@ class ControllerSet:
         return RolloutStep(shaped_advantages, {k: float(v) for k, v in metrics.items() if v is not None})
 
     def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {
             "last_rollout": self.last_rollout,
             "dcgrpo": None if self.dcgrpo is None else self.dcgrpo.state_dict(),
@@ -121,6 +122,7 @@ class ControllerSet:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot taken by ``state_dict``."""
         for key in ("dcgrpo", "surge", "acrl"):
             controller = getattr(self, key)
             if key not in state:

@@ -63,6 +63,7 @@ class DCGRPOSettings:
     floor_rollouts: int = 3
 
     def problems(self) -> list[tuple[str, str]]:
+        """(key, message) pairs for every invalid value; the config loader raises on the first."""
         out = []
         if isinstance(self.eps, float) and not self.eps > 0:
             out.append(("eps", f"must be > 0 (or 'auto'), got {self.eps}"))
@@ -212,10 +213,12 @@ class LagrangeController:
                 self.eps = clamped
 
     def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"lam": self.lam, "eps": self.eps, "observed": list(self.observed), "floor": self.floor,
                 "rollouts": self.rollouts, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot taken by ``state_dict``."""
         self.lam = float(state["lam"])
         self.eps = None if state["eps"] is None else float(state["eps"])
         self.observed = [float(v) for v in state["observed"]]

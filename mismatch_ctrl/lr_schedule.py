@@ -44,6 +44,7 @@ class SurgeSettings:
     period_multiplier: float = 1.8
 
     def problems(self) -> list[tuple[str, str]]:
+        """(key, message) pairs for every invalid value; the config loader raises on the first."""
         out = []
         for key in ("short_window", "baseline_window", "consecutive"):
             if getattr(self, key) < 1:
@@ -71,6 +72,7 @@ class LengthDecaySettings:
     surge: SurgeSettings = field(default_factory=SurgeSettings)
 
     def problems(self) -> list[tuple[str, str]]:
+        """(key, message) pairs for every invalid value; the config loader raises on the first."""
         out = []
         if isinstance(self.period, int) and self.period < 1:
             out.append(("period", f"must be >= 1 rollout or 'auto', got {self.period}"))
@@ -160,6 +162,7 @@ class SurgeDetector:
                                                  "streak", "onset", "triggered_at"))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot taken by ``state_dict``."""
         for key, value in state.items():
             if key not in self.state_dict():
                 raise KeyError(f"unknown surge-detector state key {key!r}")
@@ -197,9 +200,11 @@ class LengthTriggeredLR:
         return decay_scale(step, period, first, self.settings.factor, self.settings.min_scale)
 
     def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"detector": None if self.detector is None else self.detector.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot taken by ``state_dict``."""
         if (state["detector"] is None) != (self.detector is None):
             raise ValueError("saved LR-decay state does not match lr_decay.period (manual vs auto); "
                              "keep the period setting fixed across a resume")

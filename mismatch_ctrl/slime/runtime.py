@@ -30,6 +30,9 @@ _ATTR = "_mismatch_ctrl_runtime"
 
 @dataclass
 class Runtime:
+    """What the hooks of one process share: the config, the controllers, the state store, the next rollout id, the
+    LR factor applied to the current rollout, and the warnings already given."""
+
     config: Config
     controllers: ControllerSet
     store: StateStore | None
