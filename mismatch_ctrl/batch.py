@@ -231,6 +231,3 @@ class TokenBatch:
         """Trained tokens of this shard dropped by the non-finite guard."""
         return int(self.nonfinite.sum())
 
-    def token_counts(self) -> torch.Tensor:
-        """Trained tokens per sequence, ``[N]``."""
-        return self.segments.sum(self.mask)[:, 0]

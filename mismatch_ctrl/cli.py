@@ -34,6 +34,8 @@ def _lab(ns: argparse.Namespace) -> int:
 
     try:
         runs = [RunSpec.parse(m, ns.quant) for m in ns.methods.split(",") if m.strip()]
+        if not runs:
+            raise ValueError("--methods: give at least one METHOD[@QUANT]")
         settings = LabSettings(task=ns.task, steps=ns.steps, lr=ns.lr, seed=ns.seed, eval_every=ns.eval_every,
                                prompts_per_step=ns.prompts, samples_per_prompt=ns.samples,
                                dump_details=ns.dump_details)

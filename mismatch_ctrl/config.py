@@ -173,19 +173,6 @@ def _check_combination(config: Config) -> None:
     if config.acrl.enabled and config.correction.is_level is not None:
         raise ConfigError(f"{ROOT_KEY}.acrl.enabled: ACRL sets the token IS weights itself; drop the IS stage of "
                           f"correction (preset {config.correction_preset!r}) or disable acrl")
-    s = config.correction
-    if s.rs_level is not None and s.rs_low is None and s.rs_high is None:
-        raise ConfigError(f"{ROOT_KEY}.correction.rs_level: set rs_low and/or rs_high for the rejection band")
-    low, high = s.is_bounds
-    if s.is_level is not None and not (0 <= low < high):
-        raise ConfigError(f"{ROOT_KEY}.correction.is_low: need 0 <= is_low < is_high, got {low}, {high}")
-    if s.rs_low is not None and s.rs_high is not None and not s.rs_low < s.rs_high:
-        raise ConfigError(f"{ROOT_KEY}.correction.rs_low: need rs_low < rs_high, got {s.rs_low}, {s.rs_high}")
-    if s.veto is not None and not 0 < s.veto < 1:
-        raise ConfigError(f"{ROOT_KEY}.correction.veto: must be in (0, 1) or null (a ratio below which a token "
-                          f"vetoes its sequence, e.g. 1.0e-4), got {s.veto}")
-    if s.rs_k3_max is not None and not s.rs_k3_max > 0:
-        raise ConfigError(f"{ROOT_KEY}.correction.rs_k3_max: must be > 0 or null, got {s.rs_k3_max}")
 
 
 def merge_sections(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -57,13 +57,32 @@ class CorrectionSpec:
 
     @property
     def active(self) -> bool:
+        """Whether the spec changes anything (an IS or RS stage, a veto or a K3 rejection)."""
         return self.is_level is not None or self.rs_level is not None or self.rs_k3_max is not None or \
             self.veto is not None
 
     @property
     def is_bounds(self) -> tuple[float, float]:
+        """``(C_lo, C_hi)`` of the IS stage, with ``is_low``'s default filled in."""
         low = self.is_low if self.is_low is not None else (1.0 / self.is_high if self.is_mode != "truncate" else 0.0)
         return low, self.is_high
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, message) pairs for every invalid value; the config loader raises on the first."""
+        out = []
+        low, high = self.is_bounds
+        if self.is_level is not None and not 0 <= low < high:
+            out.append(("is_low", f"need 0 <= is_low < is_high, got {low}, {high}"))
+        if self.rs_level is not None and self.rs_low is None and self.rs_high is None:
+            out.append(("rs_level", "set rs_low and/or rs_high for the rejection band"))
+        if self.rs_low is not None and self.rs_high is not None and not self.rs_low < self.rs_high:
+            out.append(("rs_low", f"need rs_low < rs_high, got {self.rs_low}, {self.rs_high}"))
+        if self.veto is not None and not 0 < self.veto < 1:
+            out.append(("veto", "must be in (0, 1) or null (a ratio below which a token vetoes its sequence, e.g. "
+                                f"1.0e-4), got {self.veto}"))
+        if self.rs_k3_max is not None and not self.rs_k3_max > 0:
+            out.append(("rs_k3_max", f"must be > 0 or null, got {self.rs_k3_max}"))
+        return out
 
 
 @dataclass(frozen=True)

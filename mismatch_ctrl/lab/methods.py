@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from ..config import ROOT_KEY, merge_sections, build_config
+from ..config import ROOT_KEY, build_config, merge_sections
+from .quant import as_quant_config
 
 LAB_ADJUSTMENTS: dict[str, Any] = {
     "lr_decay": {"surge": {"min_increase_tokens": 1.0}},
@@ -60,7 +61,9 @@ class RunSpec:
 
     @classmethod
     def parse(cls, text: str, default_quant: str) -> RunSpec:
-        """``"dcgrpo"`` or ``"grpo@none"``; the method is validated (with the lab's dense architecture)."""
+        """``"dcgrpo"`` or ``"grpo@none"``; the method (with the lab's dense architecture) and the quantisation mode
+        are validated."""
         method, _, quant = text.strip().partition("@")
         build_config(method_section(method), architecture="dense")
+        as_quant_config(quant or default_quant)
         return cls(method, quant or default_quant)

@@ -30,11 +30,11 @@ from torch import Tensor
 from ..analyze.dumps import samples_from_rollout_data, write_train_dump
 from ..batch import Segments
 from ..slime import hooks
-from ..slime.runtime import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK
+from ..slime.runtime import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
 from .engine import RolloutEngine
 from .methods import RunSpec, method_section
 from .policy import PolicyConfig, TinyPolicy
-from .task import make_task
+from .task import TASKS, make_task
 
 PREFIX = "mismatch_ctrl/"
 
@@ -68,6 +68,8 @@ class LabSettings:
         for name in ("steps", "prompts_per_step", "eval_every", "eval_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.task not in TASKS:
+            raise ValueError(f"task: unknown {self.task!r}; choose one of {sorted(TASKS)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2 (GRPO normalises rewards within a prompt's group)")
         if not self.lr > 0:
@@ -106,7 +108,7 @@ def slime_args(spec: RunSpec, settings: LabSettings, max_response_len: int, stat
         custom_advantage_function_path=ADVANTAGE_HOOK,
         custom_tis_function_path=TIS_HOOK,
         custom_megatron_before_train_step_hook_path=LR_HOOK,
-        custom_megatron_init_path="mismatch_ctrl.slime.hooks.on_megatron_init",
+        custom_megatron_init_path=INIT_HOOK,
         get_mismatch_metrics=True, use_tis=False, advantage_estimator="grpo", normalize_advantages=False,
         rollout_max_response_len=max_response_len, rollout_temperature=settings.temperature,
         rollout_batch_size=settings.prompts_per_step, n_samples_per_prompt=settings.samples_per_prompt,

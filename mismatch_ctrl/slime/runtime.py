@@ -24,6 +24,7 @@ HOOKS = "mismatch_ctrl.slime.hooks"
 ADVANTAGE_HOOK = f"{HOOKS}.advantages"
 TIS_HOOK = f"{HOOKS}.rollout_correction"
 LR_HOOK = f"{HOOKS}.before_train_step"
+INIT_HOOK = f"{HOOKS}.on_megatron_init"
 GRPO_ESTIMATORS = ("grpo", "gspo", "cispo")
 _ATTR = "_mismatch_ctrl_runtime"
 

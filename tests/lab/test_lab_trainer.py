@@ -119,3 +119,8 @@ def test_cli_help_and_bad_method():
     bad = subprocess.run([sys.executable, "-m", "mismatch_ctrl", "lab", "--methods", "grpo,nope"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown lab method 'nope'" in bad.stderr
+    cases = ((["--quant", "e9m9"], "quant mode: unknown 'e9m9'"), (["--task", "foo"], "task: unknown 'foo'"),
+             (["--methods", ","], "give at least one METHOD"))
+    for args, message in cases:
+        bad = subprocess.run([sys.executable, "-m", "mismatch_ctrl", "lab", *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)

@@ -72,7 +72,8 @@ def test_optimizer_steps_use_the_scheduled_lr_on_every_rank(runs, name, world):
             assert ("state" in record) == rank["view"].last_stage, where
             if rank["view"].last_stage:
                 assert record["lr_scale"] == scales[r], where
-                assert_tree_close(record["state"]["surge"], reference[r]["state"]["surge"], *tolerance(world), path=where)
+                assert_tree_close(record["state"]["surge"], reference[r]["state"]["surge"], *tolerance(world),
+                                  path=where)
             assert len(record["steps"]) == STEPS_PER_ROLLOUT
             for s, styles in enumerate(record["steps"]):
                 for style, step in styles.items():
