@@ -25,11 +25,12 @@ venv: $(STAMP)  ## create .venv with pinned dependencies
 test: $(STAMP)  ## run the test suite
 	$(PY) -m pytest -q
 
-demo: $(STAMP)  ## run the CPU lab comparison; report and plots in $(OUT)
+demo: $(STAMP)  ## run the CPU lab comparison on the tiny MoE policy (one seed); report and plots in $(OUT)
 	$(PY) -m mismatch_ctrl lab --out $(OUT)
 
-bench: $(STAMP)  ## time the core against a Python loop and one elementwise pass
+bench: $(STAMP)  ## core time vs a Python loop and one elementwise pass; hook ops, collectives and time vs targets
 	$(PY) benchmarks/bench_core.py
+	PYTHONWARNINGS=ignore $(PY) benchmarks/bench_hooks.py
 
 lint: $(STAMP)  ## ruff (installed on first use)
 	$(PY) -m pip install --quiet ruff

@@ -15,15 +15,20 @@ rollout's tokens already reacts to it [ours].
 
 from __future__ import annotations
 
+import logging
+import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
-
-from .batch import TokenBatch
 from .correction import CorrectionSpec
-from .dist import Reducer, local_reduce
-from .sketch import global_quantiles
+from .errors import StateError
+from .seqstats import BatchTotals, Columns, SeqStats
+from .signals import SIGNAL_COLUMNS
+from .sketch import histogram_quantiles, log_histogram
+from .state import list_of, nonnegative, optional, positive, validated
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,15 +64,26 @@ class ACRLSettings:
         return out
 
 
-def sequence_level_discrepancy(batch: TokenBatch, seq_reduce: Reducer = local_reduce,
-                               batch_reduce: Reducer = local_reduce) -> float | None:
-    """``D``: median over all sequences with trained tokens of the per-sequence mean ``|l|`` (None if none)."""
-    m = batch.mask
-    sums = seq_reduce(batch.segments.sum(m, batch.log_ratio.abs() * m), "sum")
-    counts = sums[:, 0]
-    seq_mean = sums[:, 1] / counts.clamp_min(1.0)
-    (median,) = global_quantiles(seq_mean, [0.5], batch_reduce, weights=(counts > 0).double())
-    return None if median != median else median
+ACRL_COLUMNS = Columns({"log_diff": SIGNAL_COLUMNS["log_diff"]})
+"""The column :class:`SequenceDiscrepancy` reads."""
+
+
+class SequenceDiscrepancy:
+    """``D``: median over all sequences with trained tokens of the per-sequence mean ``|l|`` (``value``; None if no
+    sequence of the global batch has trained tokens), from a log-histogram summed over the data-parallel ranks
+    (:mod:`mismatch_ctrl.sketch`: within one bin, ~6%, of the exact median)."""
+
+    def __init__(self, stats: SeqStats) -> None:
+        self.stats = stats
+        self.value: float | None = None
+
+    def add_to(self, totals: BatchTotals) -> None:
+        stats = self.stats
+        totals.add("sum", "acrl.histogram", log_histogram(stats.mean("log_diff"), stats.valid))
+
+    def read(self, reduced: Mapping[str, list[float]]) -> None:
+        (median,) = histogram_quantiles(reduced["acrl.histogram"], [0.5])
+        self.value = None if math.isnan(median) else median
 
 
 class BandController:
@@ -100,13 +116,31 @@ class BandController:
         elif d < s.band_low * self.reference:
             self.c = min(s.grow * self.c, s.c_max)
 
+    STATE = {"c": positive, "reference": optional(positive), "observed": list_of(nonnegative),
+             "last": optional(nonnegative)}
+
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"c": self.c, "reference": self.reference, "observed": list(self.observed), "last": self.last}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot taken by ``state_dict``."""
-        self.c = float(state["c"])
-        self.reference = None if state["reference"] is None else float(state["reference"])
-        self.observed = [float(v) for v in state["observed"]]
-        self.last = None if state["last"] is None else float(state["last"])
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "acrl") -> None:
+        """Restore a snapshot taken by ``state_dict``, validated against the current settings (state protocol of
+        :mod:`mismatch_ctrl.state`): ``c`` outside ``[c_min, c_max]`` is clipped with a warning naming both values;
+        a ``reference`` given in the configuration replaces a different saved one, with a warning."""
+        s = self.settings
+        state = validated(state, self.STATE, where)
+        if s.reference is None and state["reference"] is None and len(state["observed"]) >= s.calibration_rollouts:
+            raise StateError(f"{where}.observed: {len(state['observed'])} rollouts observed without a reference, but "
+                             f"acrl.calibration_rollouts is {s.calibration_rollouts}: keep it as it was when the run "
+                             "started")
+        self.observed, self.last, self.reference = state["observed"], state["last"], state["reference"]
+        if s.reference is not None and state["reference"] != s.reference:
+            log.warning("%s: reference changed from %s (saved run) to %.6g (configuration): %.6g applies from now on",
+                        where, state["reference"], s.reference, s.reference)
+            self.reference = s.reference
+        self.c = state["c"]
+        if not s.c_min <= self.c <= s.c_max:
+            clipped = min(max(self.c, s.c_min), s.c_max)
+            log.warning("%s: saved c %.6g is outside [c_min=%.6g, c_max=%.6g] of the configuration: clipped to %.6g",
+                        where, self.c, s.c_min, s.c_max, clipped)
+            self.c = clipped

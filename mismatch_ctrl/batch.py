@@ -6,17 +6,27 @@ mask (:meth:`TokenBatch.from_padded`) into it. Per-sequence reductions are vecto
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .errors import InputError
+from .formatting import brief
 
 LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to [-20, 20] before any ``exp`` (ALGORITHMS.md notation; slime and verl do the same)."""
+LOG_PROB_TOLERANCE = 1e-3
+"""A log-prob above 0 but at most this is rounding and reads as 0; above it, it is impossible (p > 1.001) [ours]."""
 
 NonFinitePolicy = Literal["mask", "error"]
+DROPPED_WARNING = ("mismatch_ctrl: trained tokens with a NaN/inf or impossible (> 0) log-prob were dropped from the "
+                   "loss and counted (metric nonfinite_tokens); set mismatch_ctrl.nonfinite: error to stop instead")
+"""One fixed text, so Python's default warning filter shows it once per process."""
 
 
 BLOCK = 128
@@ -26,90 +36,159 @@ BLOCK = 128
 class Segments:
     """Layout of N variable-length sequences in one flat tensor: sequence i owns ``sizes[i]`` consecutive tokens.
 
-    Per-sequence sums run in two parts: whole aligned blocks of ``BLOCK`` tokens are summed by one dense reduction and
-    combined per sequence through a float64 prefix sum of the block sums; the few tokens of each sequence outside
-    its whole blocks (at most ``2 BLOCK``) are gathered and reduced per sequence. This is several times faster than
-    one ``segment_reduce`` over all tokens, whose per-element cost dominates on long responses.
+    Per-sequence reductions run in two parts: whole aligned blocks of ``BLOCK`` tokens are reduced by one dense
+    reduction and combined per sequence (sums through a float64 prefix sum of the block sums); the few tokens of each
+    sequence outside its whole blocks (at most ``2 BLOCK``) are gathered and reduced per sequence. This is several
+    times faster than one ``segment_reduce`` over all tokens, whose per-element cost dominates on long responses.
+    :meth:`sum_rows`, :meth:`max_rows` and :meth:`expand` handle K rows at once, with a number of tensor operations
+    that depends on neither K nor N. The index layout is computed once per instance on the host (numpy, from the
+    Python ``sizes``) and copied to the device: no device kernels for bookkeeping.
     """
 
-    __slots__ = ("lengths", "sizes", "num_tokens", "_layout")
+    __slots__ = ("sizes", "num_tokens", "device", "_host", "_cache")
 
     def __init__(self, sizes: Sequence[int], device: torch.device | str | None = None) -> None:
         self.sizes = tuple(int(s) for s in sizes)
         if any(s < 0 for s in self.sizes):
             raise InputError(f"sequence lengths must be >= 0, got {min(self.sizes)}")
-        self.lengths = torch.tensor(self.sizes, dtype=torch.long, device=device)
         self.num_tokens = sum(self.sizes)
-        self._layout: tuple[torch.Tensor, ...] | None = None
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._host: dict[str, np.ndarray] | None = None
+        self._cache: dict[str, torch.Tensor] = {}
 
     @property
     def num_seqs(self) -> int:
         return len(self.sizes)
 
-    def _blocks(self) -> tuple[torch.Tensor, ...]:
-        """Per sequence: first and end whole block, the indices of its whole blocks and of its other tokens (both
-        concatenated over sequences), and the number of those other tokens."""
-        if self._layout is None:
-            ends = torch.cumsum(self.lengths, 0)
-            starts = ends - self.lengths
-            first = torch.minimum((starts + BLOCK - 1) // BLOCK * BLOCK, ends)
-            last = torch.maximum(ends // BLOCK * BLOCK, first)
-            head, tail = first - starts, ends - last
+    @property
+    def lengths(self) -> torch.Tensor:
+        """The sequence lengths ``[N]`` (long, on the device)."""
+        return self._index("lengths")
+
+    def _layout(self) -> dict[str, np.ndarray]:
+        """Host index arrays: per sequence its first and end whole block, its whole blocks and its other ("edge")
+        tokens (both concatenated over sequences, with counts), and the sequence owning each whole block of the flat
+        tensor and each edge token."""
+        if self._host is None:
+            lengths = np.asarray(self.sizes, dtype=np.int64)
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            first = np.minimum((starts + BLOCK - 1) // BLOCK * BLOCK, ends)
+            last = np.maximum(ends // BLOCK * BLOCK, first)
+            edge_sizes = (first - starts) + (ends - last)
             first_block, last_block = first // BLOCK, last // BLOCK
-            edge_index = concat_ranges(torch.stack([starts, last], 1).reshape(-1),
-                                       torch.stack([head, tail], 1).reshape(-1))
-            self._layout = (first_block, last_block, concat_ranges(first_block, last_block - first_block), edge_index,
-                            head + tail)
-        return self._layout
+            self._host = {
+                "lengths": lengths,
+                "first_block": first_block,
+                "last_block": last_block,
+                "block_counts": last_block - first_block,
+                "block_index": concat_ranges(first_block, last_block - first_block),
+                "edge_sizes": edge_sizes,
+                "edge_index": concat_ranges(np.stack([starts, last], 1).reshape(-1),
+                                            np.stack([first - starts, ends - last], 1).reshape(-1)),
+                "edge_owner": np.repeat(np.arange(self.num_seqs), edge_sizes),
+                "block_owner": np.searchsorted(ends, np.arange(self.num_tokens // BLOCK) * BLOCK, side="right"),
+            }
+        return self._host
+
+    def _index(self, name: str) -> torch.Tensor:
+        if name not in self._cache:
+            self._cache[name] = torch.from_numpy(self._layout()[name]).to(self.device)
+        return self._cache[name]
+
+    @staticmethod
+    def blocks(rows: torch.Tensor) -> torch.Tensor:
+        """``[K, W, BLOCK]`` view of the whole blocks of ``[K, width]`` rows: all T tokens, or a window of them that
+        starts at a multiple of ``BLOCK`` (whose blocks are then the flat tensor's own)."""
+        whole = rows.shape[1] // BLOCK
+        return rows[:, :whole * BLOCK].view(rows.shape[0], whole, BLOCK)
+
+    def sum_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-sequence sums ``[N, K]`` (float64) of the K rows of ``[K, T]``; empty sequences sum to 0.
+        Differentiable."""
+        return self.combine_sums(self.blocks(rows).sum(2), rows.index_select(1, self.edge_index()))
+
+    def max_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-sequence maxima ``[N, K]`` of the K rows of ``[K, T]``; ``-inf`` for sequences without tokens."""
+        return self.combine_maxima(self.blocks(rows).amax(2), rows.index_select(1, self.edge_index()))
+
+    def edge_index(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Positions of the edge tokens (those outside every whole block of their sequence) in ``[start, stop)``,
+        relative to ``start``; all of them by default. With ``start`` and ``stop`` multiples of ``BLOCK`` (or
+        ``stop`` the end), the parts of consecutive windows concatenate to all edge tokens, in order."""
+        if start == 0 and stop is None:
+            return self._index("edge_index")
+        edges = self._layout()["edge_index"]
+        first, last = np.searchsorted(edges, [start, self.num_tokens if stop is None else stop])
+        return torch.from_numpy(edges[first:last] - start).to(self.device)
+
+    def combine_sums(self, block_sums: torch.Tensor, edge_values: torch.Tensor) -> torch.Tensor:
+        """Per-sequence sums ``[N, K]`` (float64) from the sums of the whole blocks ``[K, T // BLOCK]`` and the
+        values of the edge tokens ``[K, E]`` (in :meth:`edge_index` order) of K rows: a float64 prefix sum over the
+        blocks, differenced at each sequence's first and end whole block, plus its edge tokens."""
+        k = block_sums.shape[0]
+        if self.num_seqs == 0:
+            return block_sums.new_zeros(0, k, dtype=torch.float64)
+        prefix = F.pad(block_sums.double().cumsum(1), (1, 0))
+        inner = prefix.index_select(1, self._index("last_block")) - prefix.index_select(1, self._index("first_block"))
+        edges = torch.segment_reduce(edge_values, "sum", lengths=self._index("edge_sizes").expand(k, -1), axis=1)
+        return (inner + edges).t()
+
+    def combine_maxima(self, block_max: torch.Tensor, edge_values: torch.Tensor) -> torch.Tensor:
+        """Per-sequence maxima ``[N, K]`` from the maxima of the whole blocks and the edge tokens' values (as
+        :meth:`combine_sums`); ``-inf`` for sequences without tokens."""
+        k = block_max.shape[0]
+        if self.num_seqs == 0:
+            return block_max.new_zeros(0, k)
+        blocks = block_max.index_select(1, self._index("block_index"))
+        inner = torch.segment_reduce(blocks, "max", lengths=self._index("block_counts").expand(k, -1), axis=1,
+                                     initial=-torch.inf)
+        edges = torch.segment_reduce(edge_values, "max", lengths=self._index("edge_sizes").expand(k, -1), axis=1,
+                                     initial=-torch.inf)
+        return torch.maximum(inner, edges).t()
 
     def sum(self, *columns: torch.Tensor) -> torch.Tensor:
-        """Per-sequence sums of each ``[T]`` column, stacked to ``[N, K]``; empty sequences sum to 0.
-        Differentiable."""
-        if self.num_seqs == 0:
-            return columns[0].new_zeros(0, len(columns))
-        first, last, _, index, edge_sizes = self._blocks()
-        whole = self.num_tokens // BLOCK
-        out = []
-        zero = columns[0].new_zeros(1, dtype=torch.float64)
-        for column in columns:
-            block_sums = column[:whole * BLOCK].reshape(whole, BLOCK).sum(1).double()
-            prefix = torch.cat([zero, torch.cumsum(block_sums, 0)])
-            edges = torch.segment_reduce(column[index], "sum", lengths=edge_sizes)
-            out.append((prefix[last] - prefix[first] + edges).to(column.dtype))
-        return torch.stack(out, dim=1)
-
-    def max(self, column: torch.Tensor, empty: float = 0.0) -> torch.Tensor:
-        """Per-sequence maximum of a ``[T]`` column; ``empty`` for sequences without tokens."""
-        if self.num_seqs == 0:
-            return column.new_zeros(0)
-        first, last, block_index, index, edge_sizes = self._blocks()
-        whole = self.num_tokens // BLOCK
-        block_max = column[:whole * BLOCK].reshape(whole, BLOCK).amax(1)
-        inner = torch.segment_reduce(block_max[block_index], "max", lengths=last - first, initial=-torch.inf)
-        edges = torch.segment_reduce(column[index], "max", lengths=edge_sizes, initial=-torch.inf)
-        return torch.where(self.lengths > 0, torch.maximum(inner, edges), empty)
+        """Per-sequence sums of each ``[T]`` column, stacked to ``[N, K]`` in the columns' dtype. Differentiable."""
+        rows = columns[0].unsqueeze(0) if len(columns) == 1 else torch.stack(columns)
+        return self.sum_rows(rows).to(columns[0].dtype)
 
     def expand(self, per_seq: torch.Tensor) -> torch.Tensor:
-        """Broadcast a per-sequence ``[N]`` or ``[N, K]`` tensor to its tokens: ``[T]`` or ``[T, K]``."""
-        return torch.repeat_interleave(per_seq, self.lengths, dim=0, output_size=self.num_tokens)
+        """Broadcast per-sequence values ``[N]`` (or K rows ``[K, N]``) to their tokens: ``[T]`` (or ``[K, T]``).
+
+        Whole blocks take their owner's value by one broadcast copy; only edge tokens are indexed one by one (an
+        indexed copy of every token costs several elementwise passes on a CPU)."""
+        rows = per_seq.new_empty(math.prod(per_seq.shape[:-1]), self.num_tokens)
+        values = per_seq.reshape(rows.shape[0], self.num_seqs)
+        whole = self.blocks(rows)
+        whole.copy_(values.index_select(1, self._index("block_owner")).unsqueeze(2).expand_as(whole))
+        rows.index_copy_(1, self._index("edge_index"), values.index_select(1, self._index("edge_owner")))
+        return rows.view(*per_seq.shape[:-1], self.num_tokens)
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Cut a flat ``[T]`` tensor back into one tensor per sequence."""
         return list(torch.split(flat, self.sizes))
 
 
-def concat_ranges(starts: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    """The concatenation of ``arange(starts[i], starts[i] + sizes[i])`` over i, without a Python loop."""
-    index = torch.repeat_interleave(starts - (torch.cumsum(sizes, 0) - sizes), sizes)
-    return index + torch.arange(index.numel(), device=index.device)
+def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(starts[i], starts[i] + sizes[i])`` over i, without a Python loop (host arrays)."""
+    index = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+    return index + np.arange(index.size)
 
 
 @dataclass(frozen=True)
 class TokenBatch:
     """Training-engine and rollout-engine log-probs of the sampled tokens, with the loss mask, flat.
 
-    ``log_ratio`` is ``l = lp_train - lp_roll`` clamped to [-20, 20]. Trained tokens whose log-probs are not finite
-    are removed from ``mask`` and counted per sequence in ``nonfinite`` (policy ``"mask"``), or raise (``"error"``).
+    ``log_ratio`` is ``l = lp_train - lp_roll`` clamped to [-20, 20]. The loss mask must be 0/1 (slime's loss masks
+    are), else :class:`InputError`. Log-probs are checked once per batch [ours]:
+
+    - a log-prob in ``(0, LOG_PROB_TOLERANCE]`` is rounding (the log-softmax of a near-certain token) and becomes 0;
+    - a trained token with a log-prob that is NaN/inf, or above ``LOG_PROB_TOLERANCE`` (a probability above 1: the
+      engine returned something else than a log-probability), is unusable: with policy ``"mask"`` it is removed from
+      ``mask``, counted per sequence in ``nonfinite`` (both kinds) and ``impossible`` (the second kind only), and a
+      :class:`RuntimeWarning` says so once; with ``"error"`` it raises :class:`InputError` naming the sample and the
+      token. Untrained tokens are zeroed silently.
+
     Build it with :meth:`build`, :meth:`from_lists` or :meth:`from_padded`.
     """
 
@@ -119,6 +198,7 @@ class TokenBatch:
     mask: torch.Tensor
     log_ratio: torch.Tensor
     nonfinite: torch.Tensor
+    impossible: torch.Tensor
 
     @classmethod
     def build(
@@ -129,8 +209,10 @@ class TokenBatch:
         mask: torch.Tensor,
         nonfinite: NonFinitePolicy = "mask",
     ) -> TokenBatch:
-        """Validate flat ``[T]`` tensors against ``segments`` and guard non-finite log-probs."""
+        """Validate flat ``[T]`` tensors against ``segments``, check the mask and guard unusable log-probs."""
         for name, t in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs), ("mask", mask)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{name} must be a tensor, got {type(t).__name__}")
             if t.dim() != 1 or t.numel() != segments.num_tokens:
                 raise InputError(
                     f"{name} must be a flat tensor of {segments.num_tokens} tokens (the sum of the response lengths), "
@@ -138,28 +220,46 @@ class TokenBatch:
                 )
         train = train_log_probs.detach().float()
         rollout = rollout_log_probs.detach().float()
-        mask = mask.detach().float()
-        raw_ratio = train - rollout
-        bad_per_seq = train.new_zeros(segments.num_seqs)
-        # One reduction finds any NaN/inf (it makes the sum non-finite); only then look token by token.
-        if not bool(torch.isfinite(raw_ratio.sum())):
-            finite = torch.isfinite(raw_ratio)
-            bad = ~finite & (mask > 0)
-            if nonfinite == "error" and bool(bad.any()):
-                first = int(bad.nonzero()[0, 0])
-                sample = int(torch.searchsorted(torch.cumsum(segments.lengths, 0).cpu(), first, right=True))
-                raise InputError(
-                    f"sample {sample}: non-finite log-prob at response token {first - sum(segments.sizes[:sample])} "
-                    f"(train_log_probs={float(train[first])}, rollout_log_probs={float(rollout[first])}); "
-                    "set mismatch_ctrl.nonfinite: mask to drop such tokens from the loss and count them instead"
-                )
-            train = torch.where(finite, train, 0.0)
-            rollout = torch.where(finite, rollout, 0.0)
-            mask = torch.where(finite, mask, 0.0)
-            raw_ratio = train - rollout
-            bad_per_seq = segments.sum(bad.float())[:, 0]
-        log_ratio = raw_ratio.clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        return cls(segments, train, rollout, mask, log_ratio, bad_per_seq)
+        raw_mask = mask.detach()
+        mask = raw_mask.float()
+        bad_per_seq = impossible_per_seq = train.new_zeros(segments.num_seqs)
+        if segments.num_tokens:
+            # One pass per tensor and one device sync find every problem: a log-prob's minimum and maximum are NaN if
+            # any value is, -inf / > 0 if any value is; slime's integer masks are 0/1 iff their minimum and maximum
+            # are, a float mask iff m (m - 1) vanishes everywhere.
+            checks = [*torch.aminmax(train), *torch.aminmax(rollout)]
+            if raw_mask.is_floating_point():
+                checks.append((mask * (mask - 1)).abs_().max())
+            elif raw_mask.dtype != torch.bool:
+                checks += [v.float() for v in torch.aminmax(raw_mask)]
+            low_t, top_t, low_r, top_r, *mask_range = torch.stack(checks).tolist()
+            if mask_range and (mask_range[0] != 0 if len(mask_range) == 1 else
+                               mask_range[0] < 0 or mask_range[1] > 1):
+                first = int(((mask != 0) & (mask != 1)).nonzero()[0, 0])
+                _raise_at(segments, first, "loss mask value other than 0/1", f"loss_masks={float(mask[first]):g}",
+                          "loss masks must be 0 or 1 (slime builds them from each sample's 0/1 loss_mask)")
+            if not (math.isfinite(low_t) and math.isfinite(low_r) and max(top_t, top_r) <= 0):
+                finite = torch.isfinite(train - rollout)
+                impossible = finite & (torch.maximum(train, rollout) > LOG_PROB_TOLERANCE)
+                usable = finite & ~impossible
+                trained = mask > 0
+                bad, impossible = ~usable & trained, impossible & trained
+                if nonfinite == "error" and bool(bad.any()):
+                    first = int(bad.nonzero()[0, 0])
+                    kind = "impossible log-prob (above 0)" if bool(impossible[first]) else "non-finite log-prob"
+                    _raise_at(segments, first, kind,
+                              f"train_log_probs={float(train[first])}, rollout_log_probs={float(rollout[first])}",
+                              "set mismatch_ctrl.nonfinite: mask to drop such tokens from the loss and count them "
+                              "instead")
+                train = torch.where(usable, train.clamp(max=0.0), 0.0)
+                rollout = torch.where(usable, rollout.clamp(max=0.0), 0.0)
+                mask = torch.where(usable, mask, 0.0)
+                counts = segments.sum(bad.float(), impossible.float())
+                bad_per_seq, impossible_per_seq = counts[:, 0], counts[:, 1]
+                if bool(bad.any()):
+                    warnings.warn(DROPPED_WARNING, RuntimeWarning, stacklevel=1)
+        log_ratio = (train - rollout).clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        return cls(segments, train, rollout, mask, log_ratio, bad_per_seq, impossible_per_seq)
 
     @classmethod
     def from_lists(
@@ -174,6 +274,11 @@ class TokenBatch:
                   "loss_masks": len(loss_masks)}
         if len(set(counts.values())) != 1:
             raise InputError(f"the per-sample lists have different numbers of samples: {counts}")
+        for name, items in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs),
+                            ("loss_masks", loss_masks)):
+            for i, t in enumerate(items):
+                if not isinstance(t, torch.Tensor):
+                    raise InputError(f"sample {i}: {name} must be a tensor, got {type(t).__name__}")
         sizes = [t.numel() for t in train_log_probs]
         for i, (n, r, m) in enumerate(zip(sizes, rollout_log_probs, loss_masks)):
             if r.numel() != n or m.numel() != n:
@@ -187,9 +292,9 @@ class TokenBatch:
         device = train_log_probs[0].device
         return cls.build(
             Segments(sizes, device=device),
-            torch.cat([t.reshape(-1) for t in train_log_probs]),
-            torch.cat([t.reshape(-1) for t in rollout_log_probs]),
-            torch.cat([m.reshape(-1) for m in loss_masks]),
+            flat_cat(train_log_probs),
+            flat_cat(rollout_log_probs),
+            flat_cat(loss_masks),
             nonfinite,
         )
 
@@ -213,7 +318,7 @@ class TokenBatch:
         if lengths is not None:
             sizes = [int(n) for n in lengths]
             if len(sizes) != rows or any(n < 0 or n > width for n in sizes):
-                raise InputError(f"lengths must give {rows} values in [0, {width}], got {sizes}")
+                raise InputError(f"lengths must give {rows} values in [0, {width}], got {brief(sizes)}")
             keep = torch.arange(width, device=mask.device)[None, :] < torch.tensor(sizes, device=mask.device)[:, None]
 
         def flat(t: torch.Tensor) -> torch.Tensor:
@@ -228,6 +333,23 @@ class TokenBatch:
 
     @property
     def nonfinite_tokens(self) -> int:
-        """Trained tokens of this shard dropped by the non-finite guard."""
+        """Trained tokens of this shard dropped by the guard (a log-prob NaN/inf or impossible)."""
         return int(self.nonfinite.sum())
+
+    @property
+    def impossible_tokens(self) -> int:
+        """Trained tokens of this shard dropped for a log-prob above ``LOG_PROB_TOLERANCE``."""
+        return int(self.impossible.sum())
+
+
+def flat_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors flattened and concatenated (no reshape op for the 1-D ones slime passes: one op per call)."""
+    return torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in tensors])
+
+
+def _raise_at(segments: Segments, token: int, what: str, values: str, fix: str) -> None:
+    """:class:`InputError` naming the sample and the response token of flat position ``token``."""
+    sample = int(torch.searchsorted(torch.cumsum(segments.lengths, 0).cpu(), token, right=True))
+    raise InputError(f"sample {sample}: {what} at response token {token - sum(segments.sizes[:sample])} ({values}); "
+                     f"{fix}")
 

@@ -3,14 +3,14 @@
 Layers, later wins: schema defaults < ``configs/arch/<architecture>.yaml`` < the user's YAML. The architecture comes
 from ``mismatch_ctrl.architecture`` (``dense`` / ``moe``), else from the caller (Megatron's ``num_experts`` or a
 Hugging Face ``config.json``). Unknown keys, wrong types and impossible values raise :class:`ConfigError` naming the
-key and the fix. Floats written ``1e-4`` (which PyYAML reads as a string) are accepted.
+key and the fix (the bad value shown bounded in length). Floats written ``1e-4`` (which PyYAML reads as a string) are
+accepted; duplicate YAML keys, which PyYAML would silently resolve to the last one, are an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import types
 import typing
@@ -22,18 +22,16 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from .acrl import ACRLSettings
+from .architecture import Architecture, resolve_architecture
 from .batch import NonFinitePolicy
 from .correction import CorrectionSpec
 from .dcgrpo import DCGRPOSettings
 from .errors import ConfigError
+from .formatting import brief, clip
 from .lr_schedule import LengthDecaySettings
-from .presets import FIELD_ALIASES, PRESETS, canonical_preset
+from .presets import FIELD_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis
 
 ROOT_KEY = "mismatch_ctrl"
-Architecture = Literal["dense", "moe"]
-ARCHITECTURES: tuple[str, ...] = typing.get_args(Architecture)
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-"""``config.json`` keys that give the number of routed experts (Qwen3-MoE, Mixtral, DeepSeek, others)."""
 
 
 @dataclass(frozen=True)
@@ -78,15 +76,60 @@ SECTIONS: dict[str, type] = {"dcgrpo": DCGRPOSettings, "lr_decay": LengthDecaySe
 TOP_LEVEL_KEYS = ("name", "architecture", "nonfinite", "correction", *SECTIONS)
 
 
-def load_config(path: str | Path, **resolve: Any) -> Config:
-    """Read a YAML file with a top-level ``mismatch_ctrl:`` key and build its :class:`Config` (:func:`build_config`)."""
+MAX_CONFIG_BYTES = 1 << 20
+"""A method YAML is a few hundred bytes; anything over 1 MiB is not one (and ``/dev/zero`` must not hang)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate mapping keys (PyYAML keeps the last one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden by the keys next to it
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {brief(key)} (first on line {first}); keep one of them",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in ``path`` (duplicate keys refused); :class:`ConfigError` naming the file otherwise."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; give the YAML file (e.g. configs/methods/dcgrpo.yaml)") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a method YAML")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {brief(data[exc.start:exc.start + 8])}); "
+                          "give the method YAML") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {clip(str(exc))}") from None
+    except (ValueError, RecursionError) as exc:  # an integer beyond Python's digit limit, absurd nesting
+        raise ConfigError(f"{path}: not valid YAML: {clip(str(exc), 200)}") from None
+
+
+def load_config(path: str | Path, **resolve: Any) -> Config:
+    """Read a YAML file with a top-level ``mismatch_ctrl:`` key and build its :class:`Config` (:func:`build_config`)."""
+    document = read_yaml(path)
     if not isinstance(document, dict) or ROOT_KEY not in document:
         raise ConfigError(f"{path}: no top-level '{ROOT_KEY}:' key; mismatch_ctrl reads only that key "
                           f"(see configs/methods/ for examples)")
@@ -100,6 +143,9 @@ def build_config(section: Mapping[str, Any] | None, *, architecture: str | None 
     The architecture is ``section['architecture']`` if set, else ``architecture``, else MoE iff ``num_experts > 0``,
     else read from the Hugging Face ``config.json`` at ``hf_config`` (a file or a model directory).
     """
+    if section is not None and not isinstance(section, Mapping):
+        raise ConfigError(f"{ROOT_KEY}: expected a mapping of settings (name, dcgrpo, correction, ...), got "
+                          f"{type(section).__name__} {brief(section)}")
     section = dict(section or {})
     _reject_unknown(section, TOP_LEVEL_KEYS, ROOT_KEY)
     arch = _coerce(Union[Architecture, Literal["auto"], None], section.get("architecture"), f"{ROOT_KEY}.architecture")
@@ -113,29 +159,15 @@ def build_config(section: Mapping[str, Any] | None, *, architecture: str | None 
             values[key] = _coerce(tp, section[key], f"{ROOT_KEY}.{key}")
     for key, cls in SECTIONS.items():
         values[key] = _build(cls, section.get(key) or {}, f"{ROOT_KEY}.{key}")
-    values["correction_preset"], values["correction"] = _build_correction(section.get("correction") or {})
+    correction = section.get("correction") or {}
+    if not isinstance(correction, Mapping):
+        raise ConfigError(f"{ROOT_KEY}.correction: expected a mapping (preset: ...), got {brief(correction)}")
+    if not isinstance(correction.get("preset", ""), (str, type(None))):
+        raise ConfigError(f"{ROOT_KEY}.correction.preset: expected a preset name, got {brief(correction['preset'])}")
+    values["correction_preset"], values["correction"] = _build_correction(correction)
     config = Config(**values)
     _check_combination(config)
     return config
-
-
-def resolve_architecture(*, architecture: str | None = None, num_experts: int | None = None,
-                         hf_config: str | Path | None = None) -> Architecture | None:
-    """``dense`` / ``moe`` from an explicit name, an expert count (> 0 is MoE) or a Hugging Face ``config.json``."""
-    if architecture is not None:
-        return _coerce(Architecture, architecture, "architecture")
-    if num_experts is not None:
-        return "moe" if int(num_experts) > 0 else "dense"
-    if hf_config is not None:
-        path = Path(hf_config)
-        path = path / "config.json" if path.is_dir() else path
-        try:
-            hf = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read the Hugging Face config {path}: {exc}") from None
-        experts = next((hf[k] for k in EXPERT_COUNT_KEYS if isinstance(hf.get(k), int)), 0)
-        return "moe" if experts > 0 else "dense"
-    return None
 
 
 def arch_defaults(arch: str) -> dict[str, Any]:
@@ -147,19 +179,20 @@ def arch_defaults(arch: str) -> dict[str, Any]:
 def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
     path = f"{ROOT_KEY}.correction"
     if not isinstance(section, Mapping):
-        raise ConfigError(f"{path}: expected a mapping, got {section!r}")
-    fields = dict(section)
+        raise ConfigError(f"{path}: expected a mapping, got {brief(section)}")
+    fields = from_slime_mis(section, path)
     preset = fields.pop("preset", "none") or "none"
     try:
         preset = canonical_preset(str(preset))
     except KeyError:
-        raise ConfigError(f"{path}.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}") from None
+        raise ConfigError(f"{path}.preset: unknown preset {brief(preset)}; choose one of {sorted(PRESETS)}") from None
     for alias, canonical in FIELD_ALIASES.items():
         if alias in fields:
             if canonical in fields:
                 raise ConfigError(f"{path}.{alias}: duplicates {canonical}; keep one of them")
             fields[canonical] = fields.pop(alias)
-    return preset, _build(CorrectionSpec, fields, path, base=PRESETS[preset], extra_keys=("preset", *FIELD_ALIASES))
+    return preset, _build(CorrectionSpec, fields, path, base=PRESETS[preset],
+                          extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS))
 
 
 def _check_combination(config: Config) -> None:
@@ -191,12 +224,12 @@ def _reject_unknown(data: Mapping[str, Any], known: tuple[str, ...], path: str) 
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"{path}.{key}: unknown key; {hint}valid keys: {', '.join(known)}")
+            raise ConfigError(f"{path}.{clip(str(key), 60)}: unknown key; {hint}valid keys: {', '.join(known)}")
 
 
 def _build(cls: type, data: Any, path: str, base: Any = None, extra_keys: tuple[str, ...] = ()) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{path}: expected a mapping of keys, got {brief(data)}")
     hints = typing.get_type_hints(cls)
     names = tuple(f.name for f in dataclasses.fields(cls))
     _reject_unknown(data, names + extra_keys, path)
@@ -255,9 +288,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 number = None
         if isinstance(number, (int, float)) and not isinstance(number, bool):
             if not math.isfinite(number):
-                raise _NonFiniteNumber(f"{path}: must be a finite number, got {value!r}")
+                raise _NonFiniteNumber(f"{path}: must be a finite number, got {brief(value)}")
             return float(number)
     elif tp is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}")
+    raise ConfigError(f"{path}: expected {_describe(tp)}, got {brief(value)}")

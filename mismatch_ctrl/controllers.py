@@ -1,27 +1,31 @@
 """All stateful controllers of one configuration, advanced together once per rollout.
 
 :meth:`ControllerSet.step` is the framework-free body of slime's advantage hook (ARCHITECTURE.md, data flow step 3):
-mismatch metrics -> DC-GRPO shaping with the current lambda -> dual update -> surge detector and LR scale ->
-ACRL band. The slime adapter, the CPU lab and ``mismatch-ctrl analyze`` all call it, so the three agree.
+one statistics table of the batch (:mod:`mismatch_ctrl.seqstats`) and one batch reduction for the mismatch metrics,
+DC-GRPO's ``C_bar`` and penalty, ACRL's discrepancy and the mean response length -> DC-GRPO shaping with the current
+lambda -> dual update -> surge detector and LR scale -> ACRL band. The slime adapter, the CPU lab and
+``mismatch-ctrl analyze`` all call it, so the three agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from .acrl import BandController, sequence_level_discrepancy
+from .acrl import ACRL_COLUMNS, BandController, SequenceDiscrepancy
 from .batch import TokenBatch
 from .config import Config
 from .correction import CorrectionSpec
-from .dcgrpo import LagrangeController, shape_advantages
-from .dist import Reducer, local_reduce
+from .dcgrpo import LagrangeController, shape_advantages, shaping_columns
+from .dist import LOCAL, Reducers
 from .errors import StateError
 from .lr_schedule import LengthTriggeredLR, SurgeDetector
-from .metrics import mismatch_metrics
+from .metrics import METRIC_COLUMNS, mismatch_metrics
+from .seqstats import BatchTotals, SeqStats, reduce_batch
+from .state import count, mapping, optional, validated
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,21 @@ class RolloutStep:
 
     advantages: torch.Tensor | None
     metrics: dict[str, float]
+
+
+class ResponseLengths:
+    """The mean response length over the data-parallel batch, from this rank's lengths (a batch part)."""
+
+    def __init__(self, lengths: Sequence[float], device: torch.device | None = None) -> None:
+        self.local = torch.tensor([float(sum(lengths)), float(len(lengths))], dtype=torch.float64, device=device)
+        self.mean = 0.0
+
+    def add_to(self, totals: BatchTotals) -> None:
+        totals.add("sum", "response_lengths", self.local)
+
+    def read(self, reduced: Mapping[str, list[float]]) -> None:
+        total, count = reduced["response_lengths"]
+        self.mean = total / count if count else 0.0
 
 
 class ControllerSet:
@@ -63,54 +82,65 @@ class ControllerSet:
         rollout_id: int,
         seq_advantages: torch.Tensor | None,
         batch: TokenBatch | None,
-        mean_response_length: float,
+        response_lengths: Sequence[float],
         max_response_length: float | None = None,
-        seq_reduce: Reducer = local_reduce,
-        batch_reduce: Reducer = local_reduce,
+        reducers: Reducers = LOCAL,
     ) -> RolloutStep:
         """Advance every controller by one rollout.
 
         ``seq_advantages`` are the per-sequence baseline advantages ``[N]`` (GRPO: the normalised rewards);
         ``batch`` holds both engines' log-probs (None if the training engine's are unavailable: only allowed when no
-        enabled controller needs them); ``mean_response_length`` is the global mean over the rollout batch.
-        Metrics: the section-6 mismatch metrics and ``discrepancy`` (``C_bar``) whenever ``batch`` is given; with
-        DC-GRPO ``lambda`` (the multiplier that shaped this rollout), ``lambda_next``, ``eps`` (absent while
-        ``eps: auto`` calibrates), ``violation``, ``eps_floor``, ``penalty_abs_mean``, ``penalty_share``; the LR scale
-        and surge detector; the ACRL band.
+        enabled controller needs them); ``response_lengths`` are this rank's samples' response lengths (the surge
+        detector reads their mean over the data-parallel batch). ``reducers`` combine context-parallel shards and
+        data-parallel ranks: one statistics table and one batch reduction for everything (two gathers; one without
+        ``batch``).
+
+        Metrics: ``mean_response_length``; the section-6 mismatch metrics and ``discrepancy`` (``C_bar``) whenever
+        ``batch`` is given; with DC-GRPO ``lambda`` (the multiplier that shaped this rollout), ``lambda_next``,
+        ``eps`` (absent while ``eps: auto`` calibrates), ``violation``, ``eps_floor``, ``penalty_abs_mean``,
+        ``penalty_share``; the LR scale and surge detector; the ACRL band.
         """
         if batch is None and self.config.needs_train_log_probs:
             raise ValueError("DC-GRPO and ACRL need the training engine's log-probs of this rollout")
-        metrics: dict[str, Any] = {"mean_response_length": mean_response_length}
-        shaped_advantages = None
+        ctrl = self.dcgrpo
+        lam, eps = (ctrl.shaping_lambda, ctrl.eps) if ctrl is not None else (0.0, None)
+        device = batch.mask.device if batch is not None else getattr(seq_advantages, "device", None)
+        lengths = ResponseLengths(response_lengths, device)
+        metrics = shaped = discrepancy = None
         if batch is not None:
-            metrics.update(mismatch_metrics(batch, seq_reduce).summarize(batch_reduce))
-            ctrl = self.dcgrpo
-            if ctrl is None:
-                measured = shape_advantages(batch, None, self.config.dcgrpo, 0.0, 0.0, seq_reduce, batch_reduce)
-                metrics["discrepancy"] = measured.discrepancy
-            else:
-                lam, eps, calibrating = ctrl.shaping_lambda, ctrl.eps, ctrl.calibrating
-                shaped = shape_advantages(batch, seq_advantages, self.config.dcgrpo, lam, eps or 0.0, seq_reduce,
-                                          batch_reduce)
-                shaped_advantages = shaped.advantages
-                ctrl.update(shaped.discrepancy)
-                violation = None if eps is None or shaped.discrepancy is None else shaped.discrepancy - eps
-                metrics.update({"lambda": lam}, lambda_next=ctrl.lam, eps=eps, eps_floor=ctrl.floor,
-                               eps_calibrating=float(calibrating), discrepancy=shaped.discrepancy,
-                               violation=violation, penalty_abs_mean=shaped.penalty_abs_mean,
-                               penalty_share=shaped.penalty_share)
+            settings = self.config.dcgrpo
+            columns = METRIC_COLUMNS | shaping_columns(settings, eps or 0.0)
+            stats = SeqStats.build(batch, columns | ACRL_COLUMNS if self.acrl else columns, reducers)
+            metrics = mismatch_metrics(stats)
+            shaped = shape_advantages(stats, seq_advantages if ctrl is not None else None, settings, lam, eps or 0.0)
+            discrepancy = SequenceDiscrepancy(stats) if self.acrl is not None else None
+        reduce_batch(reducers.batch, lengths, metrics, shaped, discrepancy)
+        out: dict[str, Any] = {"mean_response_length": lengths.mean}
+        if metrics is not None:
+            out.update(metrics.summary, discrepancy=shaped.discrepancy)
+        if ctrl is not None:
+            calibrating = ctrl.calibrating
+            ctrl.update(shaped.discrepancy)
+            violation = None if eps is None or shaped.discrepancy is None else shaped.discrepancy - eps
+            out.update({"lambda": lam}, lambda_next=ctrl.lam, eps=eps, eps_floor=ctrl.floor,
+                       eps_calibrating=float(calibrating), violation=violation,
+                       penalty_abs_mean=shaped.penalty_abs_mean, penalty_share=shaped.penalty_share)
         surge = self.surge
-        surge.update(rollout_id, mean_response_length, max_response_length)
-        metrics.update(surge_ratio=surge.ratio, surge_baseline=surge.baseline, surge_threshold=surge.threshold,
-                       surge_triggered=float(surge.triggered), surge_onset=surge.onset)
+        surge.update(rollout_id, lengths.mean, max_response_length)
+        out.update(surge_ratio=surge.ratio, surge_baseline=surge.baseline, surge_threshold=surge.threshold,
+                   surge_triggered=float(surge.triggered), surge_onset=surge.onset)
         if self.lr is not None:
-            metrics["lr_period"] = self.lr.period
-        metrics["lr_scale"] = self.lr_scale(rollout_id)
+            out["lr_period"] = self.lr.period
+        out["lr_scale"] = self.lr_scale(rollout_id)
         if self.acrl is not None:
-            self.acrl.update(sequence_level_discrepancy(batch, seq_reduce, batch_reduce))
-            metrics.update(acrl_c=self.acrl.c, acrl_discrepancy=self.acrl.last, acrl_reference=self.acrl.reference)
+            self.acrl.update(discrepancy.value)
+            out.update(acrl_c=self.acrl.c, acrl_discrepancy=self.acrl.last, acrl_reference=self.acrl.reference)
         self.last_rollout = rollout_id
-        return RolloutStep(shaped_advantages, {k: float(v) for k, v in metrics.items() if v is not None})
+        advantages = shaped.advantages if shaped is not None else None
+        return RolloutStep(advantages, {k: float(v) for k, v in out.items() if v is not None})
+
+    STATE = {"last_rollout": optional(count), "dcgrpo": optional(mapping), "surge": mapping,
+             "acrl": optional(mapping)}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
@@ -121,20 +151,23 @@ class ControllerSet:
             "acrl": None if self.acrl is None else self.acrl.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot taken by ``state_dict``."""
-        for key in ("dcgrpo", "surge", "acrl"):
-            controller = getattr(self, key)
-            if key not in state:
-                raise StateError(f"saved state has no {key!r} entry")
-            if (state[key] is None) != (controller is None):
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "state") -> None:
+        """Restore a snapshot taken by ``state_dict``; every controller validates its part against the current
+        configuration (state protocol of :mod:`mismatch_ctrl.state`). ``where`` names the source in errors (e.g.
+        ``"state_0000005.json: state"``: the file and the key path in it). Nothing changes unless every part is
+        valid."""
+        state = validated(state, self.STATE, where)
+        for key in ("dcgrpo", "acrl"):
+            if (state[key] is None) != (getattr(self, key) is None):
                 raise StateError(
-                    f"saved state has {key} {'disabled' if state[key] is None else 'enabled'} but the configuration "
-                    f"has it {'disabled' if controller is None else 'enabled'}: resume with the method the run "
-                    "started with, or start the controllers afresh with --finetune or a new --save directory")
+                    f"{where}.{key}: the saved state has {key} {'disabled' if state[key] is None else 'enabled'} but "
+                    f"the configuration has it {'disabled' if getattr(self, key) is None else 'enabled'}: resume "
+                    "with the method the run started with")
+        restored = ControllerSet(self.config)
+        for key in ("dcgrpo", "surge", "acrl"):
+            controller = getattr(restored, key)
             if controller is not None:
-                try:
-                    controller.load_state_dict(state[key])
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise StateError(f"saved {key} state is corrupt or from another version: {exc!r}") from None
-        self.last_rollout = state.get("last_rollout")
+                controller.load_state_dict(state[key], f"{where}.{key}")
+        self.dcgrpo, self.surge, self.acrl = restored.dcgrpo, restored.surge, restored.acrl
+        self.lr = LengthTriggeredLR(self.config.lr_decay, self.surge) if self.config.lr_decay.enabled else None
+        self.last_rollout = state["last_rollout"]

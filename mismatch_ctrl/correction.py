@@ -13,23 +13,37 @@ Two stages, which may be combined (e.g. a Geo-RS filter plus token TIS weights):
 - **RS** (``rs_*``): reject tokens/sequences with ``rho`` outside ``[rs_low, rs_high]``; ``rs_k3_max`` rejects a
   sequence whose mean K3 exceeds it; ``veto`` rejects a sequence with any token ``rho < veto``.
 
-``batch_normalize`` rescales kept weights to mean 1 over the micro-batch (token level: over tokens; sequence levels:
-over sequences) [ours: the batch is what one call sees]. Rejected tokens get weight 0 and leave the modified mask;
-the caller keeps them in the loss denominator (slime's convention), so an all-rejected batch contributes zero loss.
+``batch_normalize`` divides the weights by the mean IS weight of the data-parallel batch before rejection (token
+level: over its trained tokens; sequence levels: over its sequences with trained tokens), as slime's ``mis.py``
+(``tis_batch_normalize``) and verl (``rollout_is_batch_normalize``) do, with the same single batch reduction as the
+metrics; in slime's TIS hook that batch is one micro-batch slot of every DP rank (see
+:mod:`mismatch_ctrl.slime.tis`). Rejected tokens get weight 0 and leave the modified mask; the caller keeps them in
+the loss denominator (slime's convention), so an all-rejected batch contributes zero loss.
+
+Everything per sequence (decisions, metrics) and per batch (means, diagnostics, the normalisation) is a function of
+the sequence statistics (:mod:`mismatch_ctrl.seqstats`); only the IS weights touch tokens again. Rejections are
+attributed per stage (each stage's own rejections; stages may overlap): ``tis_rejected_*`` (an IS mask band),
+``rs_rejected_*`` (the RS band and the K3 rejection), ``veto_seq_fraction``; ``rejected_*`` is their union. The
+diagnostics of the final weights (``is_ess``, ``chi2_token``, ...) are defined in :class:`CorrectionPlan`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Mapping, Sequence, get_args
 
+import numpy as np
 import torch
 
 from .batch import LOG_RATIO_BOUND, TokenBatch
-from .dist import Reducer, local_reduce
+from .dist import LOCAL, Reducers
 from .metrics import SeqMetrics
-from .signals import k3
+from .seqstats import BatchTotals, Columns, SeqStats, Tokens, Writer, reduce_batch
+from .signals import SIGNAL_COLUMNS
+
+NORMALIZE_MIN_MEAN = 1e-8
+"""Batch normalisation leaves the weights alone when their mean is at most this (slime's ``mis.py`` threshold)."""
 
 Level = Literal["token", "sequence", "geometric"]
 Mode = Literal["truncate", "clip", "mask"]
@@ -75,6 +89,11 @@ class CorrectionSpec:
             out.append(("is_low", f"need 0 <= is_low < is_high, got {low}, {high}"))
         if self.rs_level is not None and self.rs_low is None and self.rs_high is None:
             out.append(("rs_level", "set rs_low and/or rs_high for the rejection band"))
+        for key, least in (("rs_low", ">= 0"), ("rs_high", "> 0")):
+            bound = getattr(self, key)
+            if bound is not None and not (bound >= 0 if key == "rs_low" else bound > 0):
+                out.append((key, f"must be {least} or null, got {bound}: the band bounds the ratio rho = pi_train / "
+                                 "mu_rollout (> 0), not its log; e.g. rs_low: 0.999, rs_high: 1.001"))
         if self.rs_low is not None and self.rs_high is not None and not self.rs_low < self.rs_high:
             out.append(("rs_low", f"need rs_low < rs_high, got {self.rs_low}, {self.rs_high}"))
         if self.veto is not None and not 0 < self.veto < 1:
@@ -87,146 +106,368 @@ class CorrectionSpec:
 
 @dataclass(frozen=True)
 class Correction:
-    """Result of :func:`apply_correction`: per-token ``weights`` (detached, 0 unless kept), the modified loss ``mask``
-    (original mask without rejected tokens) and per-sequence ``metrics``."""
+    """Result of a correction: per-token ``weights`` (detached, 0 unless kept), the modified loss ``mask`` (original
+    mask without rejected tokens) and the per-sequence ``metrics`` with their batch ``summary`` (diagnostics
+    included)."""
 
     weights: torch.Tensor
     mask: torch.Tensor
     metrics: SeqMetrics
 
 
-def _log(x: float) -> float:
-    return math.log(x) if x > 0 else -math.inf
+def _log(x: float | None, default: float) -> float:
+    return default if x is None else (math.log(x) if x > 0 else -math.inf)
 
 
-def _outside(log_rho: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
-    """``rho`` outside ``[low, high]``, compared in log space (``rho = exp(log_rho)``)."""
-    out = torch.zeros_like(log_rho, dtype=torch.bool)
-    if low is not None:
-        out |= log_rho < _log(low)
-    if high is not None:
-        out |= log_rho > _log(high)
-    return out
+def _outside_writer(low: float | None, high: float | None) -> Writer:
+    """Column ``m [rho outside [low, high]]``, compared in log space."""
+    lo, hi = _log(low, -math.inf), _log(high, math.inf)
+
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        if lo == -math.inf:
+            torch.gt(t.log_ratio, hi, out=out)
+        elif hi == math.inf:
+            torch.lt(t.log_ratio, lo, out=out)
+        else:
+            torch.sub(t.log_ratio, (lo + hi) / 2, out=out).abs_().gt_((hi - lo) / 2)
+        out.mul_(t.mask)
+
+    return write
 
 
-def apply_correction(spec: CorrectionSpec, batch: TokenBatch, seq_reduce: Reducer = local_reduce) -> Correction:
-    """IS weights, rejection mask and metrics of ``spec`` on ``batch``; CP shards combine with ``seq_reduce``.
+def _below_writer(threshold: float) -> Writer:
+    """Column ``m [rho < threshold]`` for a threshold below 1, from the ``log_ratio`` column ``l m`` when present (an
+    untrained token's 0 there is not below ``log(threshold) < 0``)."""
+    log_threshold = math.log(threshold)
 
-    The loss mask is 0/1 (slime's loss masks), which lets masked products stand in for logical ands below.
-    Comparisons are written as 0/1 floats into tensors whose sums are already taken (``out=``): no bool
-    intermediates and few fresh token-sized tensors, which dominate the cost on CPU.
-    """
-    seg, m, l = batch.segments, batch.mask, batch.log_ratio
-    seq_level = bool({spec.is_level, spec.rs_level} & {"sequence", "geometric"})
-    lm = l * m if seq_level or spec.veto is not None else None
-    parts = [seg.sum(m)]
-    if lm is not None:
-        parts.append(seg.sum(lm))
-    if spec.veto is not None:  # veto < 1, so a masked token (lm = 0) is never catastrophic; lm is reused
-        parts.append(seg.sum(torch.lt(lm, math.log(spec.veto), out=lm)))
-    if spec.rs_k3_max is not None:
-        parts.append(seg.sum(k3(l).mul_(m)))
-    sums = seq_reduce(torch.cat(parts, dim=1), "sum")
-    count = sums[:, 0]
-    denom = count.clamp_min(1.0)
-    has_tokens = count > 0
-    seq_log: dict[str, torch.Tensor] = {}
-    if lm is not None:
-        seq_log["sequence"] = sums[:, 1].clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        seq_log["geometric"] = sums[:, 1] / denom
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        if "log_ratio" in t.rows:
+            torch.lt(t.rows["log_ratio"], log_threshold, out=out)
+        else:
+            torch.lt(t.log_ratio, log_threshold, out=out).mul_(t.mask)
 
-    rejected_seq = torch.zeros_like(has_tokens)
-    metrics = SeqMetrics(counts=count)
+    return write
+
+
+def _above_writer(bound: float) -> Writer:
+    """Column ``m [rho > bound]`` from the ``is_ratio`` column ``rho m`` (0 at an untrained token; bound > 0)."""
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        torch.gt(t.rows["is_ratio"], bound, out=out)
+
+    return write
+
+
+def _below_rho_writer(bound: float) -> Writer:
+    """Column ``m [rho < bound]``, compared as ``exp(l) - 1 < bound - 1``."""
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        torch.lt(t.expm1, bound - 1.0, out=out).mul_(t.mask)
+
+    return write
+
+
+def _log_ratio(t: Tokens, out: torch.Tensor) -> None:
+    torch.mul(t.log_ratio, t.mask, out=out)
+
+
+def _is_ratio(t: Tokens, out: torch.Tensor) -> None:
+    torch.addcmul(t.mask, t.expm1, t.mask, out=out)  # rho m = (exp(l) - 1) m + m
+
+
+def _union_kept(rejects: list[str]) -> Writer:
+    """Trained tokens outside every token-level band: ``m - max(rejections)`` (rejection columns are 0/1 and masked)."""
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        if len(rejects) == 1:
+            torch.sub(t.mask, t.rows[rejects[0]], out=out)
+        else:
+            torch.maximum(t.rows[rejects[0]], t.rows[rejects[1]], out=out)
+            torch.sub(t.mask, out, out=out)
+
+    return write
+
+
+def _token_weight(spec: CorrectionSpec, kept: str) -> Writer:
+    """Column ``w_tok = shape(rho)`` at kept tokens: truncated ``min(rho, high)``, clipped, or ``rho`` (mask); from
+    the ``is_ratio`` column ``rho m`` (whose zeros truncation keeps)."""
+    low, high = spec.is_bounds
+
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        ratio = t.rows["is_ratio"]
+        if spec.is_mode == "mask":
+            torch.mul(ratio, t.rows[kept], out=out)
+            return
+        torch.clamp(ratio, min=low if spec.is_mode == "clip" else None, max=high, out=out)
+        if kept != "trained" or spec.is_mode == "clip":  # token-level rejections; clipping lifts zeros to low
+            out.mul_(t.rows[kept])
+
+    return write
+
+
+def _square(name: str) -> Writer:
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        torch.mul(t.rows[name], t.rows[name], out=out)
+
+    return write
+
+
+def _headroom(weight: str, kept: str, high: float) -> Writer:
+    """``1 - w / high`` at kept tokens, 0 elsewhere (one pass). A kept token's weight is at most ``high`` (truncated,
+    clipped, or inside the mask band), so the maximum over a sequence with kept tokens is ``1 - min(w) / high``."""
+    def write(t: Tokens, out: torch.Tensor) -> None:
+        torch.sub(t.rows[kept], t.rows[weight], alpha=1.0 / high, out=out)
+
+    return write
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """Which columns a spec needs, by stage: token-level bands (``tis`` for an IS mask, ``rs``), sequence-level bands
+    (level, stage, low, high), the names of the token-weight column (before sequence factors) and of the token IS
+    weight before any rejection (what batch normalisation averages)."""
+
+    token_bands: tuple[tuple[str, float | None, float | None], ...]
+    seq_bands: tuple[tuple[str, str, float | None, float | None], ...]
+    kept: str
+    weight: str
+    weight_sq: str
+    raw_weight: str
+
+    @classmethod
+    def of(cls, spec: CorrectionSpec) -> _Stages:
+        bands = []
+        if spec.rs_level is not None:
+            bands.append((spec.rs_level, "rs", spec.rs_low, spec.rs_high))
+        if spec.is_level is not None and spec.is_mode == "mask":
+            bands.append((spec.is_level, "tis", *spec.is_bounds))
+        token_bands = tuple((stage, low, high) for level, stage, low, high in bands if level == "token")
+        kept = "kept" if token_bands else "trained"
+        token_is = spec.is_level == "token"
+        weight = "is_weight" if token_is else kept
+        raw = weight if kept == "trained" else ("is_ratio" if spec.is_mode == "mask" else "is_weight_raw")
+        return cls(token_bands, tuple(b for b in bands if b[0] != "token"), kept, weight,
+                   "is_weight_sq" if token_is else kept, raw)
+
+
+def correction_columns(spec: CorrectionSpec) -> Columns:
+    """The columns :class:`CorrectionPlan` reads for ``spec``."""
+    stages = _Stages.of(spec)
+    sums: dict[str, Writer] = {}
+    maxima: dict[str, Writer] = {}
+    if stages.seq_bands or spec.is_level in ("sequence", "geometric"):
+        sums["log_ratio"] = _log_ratio
     if spec.veto is not None:
-        catastrophic = sums[:, 2]
-        rejected_seq |= catastrophic > 0
-        metrics.mean["veto_seq_fraction"] = (catastrophic > 0).float()
-        metrics.mean["catastrophic_token_fraction"] = catastrophic / denom
+        sums["below_veto"] = _below_writer(spec.veto)
     if spec.rs_k3_max is not None:
-        k3_rejected = sums[:, -1] / denom > spec.rs_k3_max
-        rejected_seq |= k3_rejected
-        metrics.mean["k3_rejected_seq_fraction"] = k3_rejected.float()
-
-    # Rejection by ratio bands: sequence-level decisions per sequence, token-level decisions per token.
-    is_low, is_high = spec.is_bounds
-    bands = []
-    if spec.rs_level is not None:
-        bands.append((spec.rs_level, spec.rs_low, spec.rs_high))
-    if spec.is_level is not None and spec.is_mode == "mask":
-        bands.append((spec.is_level, is_low, is_high))
-    rejected_tok = None
-    for level, low, high in bands:
-        if level == "token":
-            out = _outside(l, low, high)
-            rejected_tok = out if rejected_tok is None else rejected_tok | out
-        else:
-            out = _outside(seq_log[level], low, high)
-            rejected_seq |= out
-            key = f"{level}_band_rejected_seq_fraction"  # IS and RS bands at one level share it: their union
-            metrics.mean[key] = torch.maximum(metrics.mean[key], out.float()) if key in metrics.mean else out.float()
-
-    keep = seg.expand((~rejected_seq).to(m.dtype)).mul_(m)
-    if rejected_tok is not None:
-        keep.masked_fill_(rejected_tok, 0.0)
-
-    # IS weights (computed in place on fresh tensors).
-    token_is = spec.is_level == "token"
-    ratio_parts = []
-    if spec.is_level is None:
-        weights = keep
-    elif token_is:
-        rho = torch.exp(l)
-        masked_rho = rho * m
-        ratio_parts.append(seg.sum(masked_rho))
-        if spec.is_mode != "mask":  # masked_rho is reused for the indicator
-            ratio_parts.append(seg.sum(torch.gt(masked_rho, is_high, out=masked_rho)))
+        sums["k3"] = SIGNAL_COLUMNS["k3"]
+    for stage, low, high in stages.token_bands:
+        sums[f"{stage}_rejected"] = _outside_writer(low, high)
+    if stages.token_bands:
+        sums["kept"] = _union_kept([f"{stage}_rejected" for stage, _, _ in stages.token_bands])
+    if spec.is_level == "token":
+        low, high = spec.is_bounds
+        sums["is_ratio"] = _is_ratio
+        if spec.is_mode != "mask":
+            sums["is_above"] = _above_writer(high)
         if spec.is_mode == "clip":
-            ratio_parts.append(seg.sum(torch.lt(rho, is_low, out=masked_rho).mul_(m)))
-        weights = _shape_weights_(spec.is_mode, rho, is_low, is_high).mul_(keep)
-    else:
-        seq_rho = torch.exp(seq_log[spec.is_level])
-        seq_weights = _shape_weights_(spec.is_mode, seq_rho.clone(), is_low, is_high)
-        weights = seg.expand(seq_weights).mul_(keep)
-        metrics.mean["is_ratio_mean"] = seq_rho
-        _bound_metrics(metrics, spec.is_mode, seq_rho.gt(is_high).float(), seq_rho.lt(is_low).float())
-    sums2 = seq_reduce(torch.cat([seg.sum(keep, weights), *ratio_parts], dim=1), "sum")
-    kept, weight_sum = sums2[:, 0], sums2[:, 1]
-    if token_is:
-        metrics.mean["is_ratio_mean"] = sums2[:, 2] / denom
-        above = sums2[:, 3] / denom if spec.is_mode != "mask" else None
-        below = sums2[:, 4] / denom if spec.is_mode == "clip" else None
-        _bound_metrics(metrics, spec.is_mode, above, below)
+            sums["is_below"] = _below_rho_writer(low)
+        sums["is_weight"] = maxima["is_weight"] = _token_weight(spec, stages.kept)
+        sums["is_weight_sq"] = _square("is_weight")
+        if spec.batch_normalize and stages.raw_weight == "is_weight_raw":
+            sums["is_weight_raw"] = _token_weight(spec, "trained")
+        maxima["is_weight_headroom"] = _headroom("is_weight", stages.kept, high)
+    return Columns(sums, maxima, keep=frozenset({stages.kept, stages.weight}))
 
-    if spec.batch_normalize and spec.is_level is not None:
-        if token_is:
-            total_kept, total_weight = kept.sum(), weight_sum.sum()
+
+class CorrectionPlan:
+    """The per-sequence decisions and metrics of ``spec`` on a batch's statistics (which must include
+    :func:`correction_columns`); after the batch reduction (``add_to`` / ``read``, see
+    :func:`~mismatch_ctrl.seqstats.reduce_batch`) :meth:`finish` gives the token weights and mask.
+
+    A token's final weight is ``w[t] = w_tok[t] f_i s``: the token part ``w_tok`` (a column: the token IS weight at
+    tokens no token-level band rejects, else 0), the sequence factor ``f_i`` (0 for a rejected sequence, the
+    sequence-level IS weight if any, else 1) and the batch-normalisation scale ``s``. Batch values in
+    ``metrics.summary``, global over the data-parallel batch: the means, ``rejected_tokens``, and
+
+    - ``is_ess = (sum w)^2 / (n sum w^2)`` over the n trained tokens, ``chi2_token = n sum w^2 / (sum w)^2 - 1``
+      (``mean(w^2) - 1`` with ``w`` normalised to mean 1; ``= 1 / is_ess - 1``);
+    - ``is_ess_seq``, ``chi2_seq``: the same over the sequences with trained tokens, each weighing its mean token
+      weight ``W_i = sum_t w / count_i`` (its sequence-level IS weight; 0 when rejected);
+    - ``is_weight_min`` / ``is_weight_max``: the smallest / largest weight of a kept token;
+
+    all 0 when no token is kept.
+    """
+
+    def __init__(self, spec: CorrectionSpec, stats: SeqStats) -> None:
+        self.spec, self.stats = spec, stats
+        self.stages = stages = _Stages.of(spec)
+        self.metrics = metrics = SeqMetrics(stats, "correction")
+        count, denom = stats.counts, stats.denom
+        seq_log = {}
+        if "log_ratio" in stats.index:
+            total_log = stats.sum("log_ratio")
+            seq_log = {"sequence": np.clip(total_log, -LOG_RATIO_BOUND, LOG_RATIO_BOUND),
+                       "geometric": total_log / denom}
+        flags: dict[str, np.ndarray] = {}
+        """Per-sequence 0/1 mean metrics (decisions)."""
+        no = np.zeros(stats.num_seqs, dtype=bool)
+        stage_seq = {"rs": no, "tis": no}
+        vetoed = no
+        if spec.veto is not None:
+            vetoed = flags["veto_seq_fraction"] = stats.sum("below_veto") > 0
+            metrics.add("mean", ("catastrophic_token_fraction",), stats.mean("below_veto"),
+                        stats.token_rows({"catastrophic_token_fraction": "below_veto"}))
+        if spec.rs_k3_max is not None:
+            flags["k3_rejected_seq_fraction"] = stats.mean("k3") > spec.rs_k3_max
+            stage_seq["rs"] = stage_seq["rs"] | flags["k3_rejected_seq_fraction"]
+        for level, stage, low, high in stages.seq_bands:
+            out = (seq_log[level] < _log(low, -math.inf)) | (seq_log[level] > _log(high, math.inf))
+            stage_seq[stage] = stage_seq[stage] | out
+            key = f"{level}_band_rejected_seq_fraction"  # IS and RS bands at one level share it: their union
+            flags[key] = flags[key] | out if key in flags else out
+        rejected = vetoed | stage_seq["rs"] | stage_seq["tis"]
+        self.keep_seq = ~rejected
+        flags["rejected_seq_fraction"] = rejected & (count > 0)
+        # Rejections attributed per stage: what each stage rejects on its own (stages may overlap).
+        token_stages = {stage for stage, _, _ in stages.token_bands}
+        seq_stages = {stage for _, stage, _, _ in stages.seq_bands} | ({"rs"} if spec.rs_k3_max is not None else set())
+        for stage in sorted(token_stages | seq_stages):
+            name, column = f"{stage}_rejected_token_fraction", f"{stage}_rejected"
+            if stage in seq_stages:
+                flags[f"{stage}_rejected_seq_fraction"] = stage_seq[stage]
+            if stage not in token_stages:
+                flags[name] = stage_seq[stage]
+            elif stage not in seq_stages:
+                metrics.add("mean", (name,), stats.mean(column), stats.token_rows({name: column}))
+            else:
+                metrics.add("mean", (name,), np.where(stage_seq[stage], 1.0, stats.mean(column)))
+
+        low, high = spec.is_bounds
+        self.factor = self.keep_seq.astype(np.float64)
+        self.seq_weight: np.ndarray | None = None
+        if spec.is_level == "token":
+            for name, column in (("is_ratio_mean", "is_ratio"), ("is_clip_high_fraction", "is_above"),
+                                 ("is_clip_low_fraction", "is_below")):
+                if column in stats.index:
+                    metrics.add("mean", (name,), stats.mean(column), stats.token_rows({name: column}))
+        elif spec.is_level is not None:
+            seq_rho = np.exp(seq_log[spec.is_level])
+            self.seq_weight = _shape_weights(spec.is_mode, seq_rho, low, high)
+            self.factor = self.factor * self.seq_weight
+            metrics.add("mean", ("is_ratio_mean",), seq_rho)
+            if spec.is_mode != "mask":
+                flags["is_clip_high_fraction"] = seq_rho > high
+            if spec.is_mode == "clip":
+                flags["is_clip_low_fraction"] = seq_rho < low
+        self.per_sequence = len(flags) > 1 or self.seq_weight is not None
+        """Whether a sequence-level decision or weight exists (else the token columns are the result)."""
+        self.kept = stats.sum(stages.kept) * self.keep_seq
+        self.weight_sum = stats.sum(stages.weight) * self.factor
+        self.weight_sq_sum = stats.sum(stages.weight_sq) * self.factor ** 2
+        metrics.add("mean", tuple(flags), np.stack(list(flags.values()), axis=1))
+        self.weight_block = len(metrics.blocks["mean"])
+        metrics.add("mean", ("is_weight_mean", "rejected_token_fraction"),  # token rows: see finish()
+                    np.stack([self.weight_sum / denom, 1.0 - self.kept / denom], axis=1),
+                    {"is_weight_mean": None, "rejected_token_fraction": None})
+        metrics.add("total", ("rejected_tokens",), count - self.kept)
+        self.scale = 1.0
+
+    def add_to(self, totals: BatchTotals) -> None:
+        """The metrics' entries, the sums of the diagnostics and of the batch normalisation, and the extreme kept
+        weights (before the scale)."""
+        stats = self.stats
+        self.metrics.add_to(totals)
+        seq_mean_weight = self.weight_sum / stats.denom
+        has_kept = self.kept > 0
+        seq_weight = self.seq_weight if self.seq_weight is not None else np.ones(stats.num_seqs)
+        raw_weight = 0.0  # the IS weights before rejection, for batch normalisation
+        if self.spec.batch_normalize:
+            raw_weight = stats.sum(self.stages.raw_weight).sum() if self.spec.is_level == "token" else \
+                stats.valid @ seq_weight
+        totals.add("sum", "correction.weights", [
+            stats.counts.sum(), self.weight_sum.sum(), self.weight_sq_sum.sum(), stats.valid @ seq_mean_weight,
+            stats.valid @ seq_mean_weight ** 2, raw_weight])
+        factor = self.factor[has_kept]  # the extremes of the kept weights of each sequence, times its factor
+        if self.spec.is_level == "token":
+            high = self.spec.is_bounds[1]
+            top = stats.max("is_weight")[has_kept] * factor
+            neg_bottom = (stats.max("is_weight_headroom")[has_kept] - 1.0) * high * factor
         else:
-            kept_seqs = (kept > 0).float()
-            total_kept, total_weight = kept_seqs.sum(), (seq_weights * kept_seqs).sum()
-        if float(total_kept) > 0 and float(total_weight) > 0:
-            scale = total_kept / total_weight
-            weights = weights * scale
-            weight_sum = weight_sum * scale
+            top, neg_bottom = factor, -factor
+        totals.add("max", "correction.extremes", [np.max(top, initial=-np.inf), np.max(neg_bottom, initial=-np.inf)])
 
-    metrics.mean["is_weight_mean"] = weight_sum / denom
-    metrics.mean["rejected_token_fraction"] = 1.0 - kept / denom
-    metrics.mean["rejected_seq_fraction"] = (rejected_seq & has_tokens).float()
-    metrics.total["rejected_tokens"] = count - kept
-    return Correction(weights=weights.detach(), mask=keep.detach(), metrics=metrics)
+    def read(self, reduced: Mapping[str, list[float]]) -> None:
+        """Batch values; fixes the batch-normalisation scale."""
+        self.metrics.read(reduced)
+        n_tokens, s1, s2, seq_s1, seq_s2, raw_weight = reduced["correction.weights"]
+        spec, summary = self.spec, self.metrics.summary
+        if spec.batch_normalize and spec.is_level is not None:
+            n = n_tokens if spec.is_level == "token" else summary["valid_sequences"]
+            mean = raw_weight / n if n > 0 else 0.0
+            if mean > NORMALIZE_MIN_MEAN:
+                self.scale = 1.0 / mean
+        top, neg_bottom = reduced["correction.extremes"]
+        summary["is_weight_mean"] *= self.scale
+        summary.update(
+            is_weight_max=top * self.scale if top > -math.inf else 0.0,
+            is_weight_min=-neg_bottom * self.scale if neg_bottom > -math.inf else 0.0,
+            is_ess=_ess(s1, s2, n_tokens), chi2_token=_chi2(s1, s2, n_tokens),
+            is_ess_seq=_ess(seq_s1, seq_s2, summary["valid_sequences"]),
+            chi2_seq=_chi2(seq_s1, seq_s2, summary["valid_sequences"]))
+        names, values = self.metrics.blocks["mean"][self.weight_block]
+        self.metrics.blocks["mean"][self.weight_block] = (names, values * [self.scale, 1.0])
+
+    def sequence_rows(self) -> list[np.ndarray]:
+        """The per-sequence factors :meth:`finish` needs at the tokens, after :meth:`read`: the keep flags, and
+        ``f_i s`` unless that is the keep flag itself; none without any sequence-level decision or weight."""
+        if not self.per_sequence:
+            return []
+        keep = self.keep_seq.astype(np.float64)
+        factor = self.factor * self.scale
+        return [keep] if np.array_equal(factor, keep) else [keep, factor]
+
+    def finish(self, sequence_tokens: Sequence[torch.Tensor], token_outputs: bool = False) -> Correction:
+        """The token weights and mask, from :meth:`sequence_rows` broadcast to the tokens (after :meth:`read`; the
+        broadcast rows are overwritten); with ``token_outputs`` also the token rows of ``is_weight_mean`` (the
+        weights) and ``rejected_token_fraction`` (``m - keep``)."""
+        stats, stages = self.stats, self.stages
+        kept, token_weight = stats.rows[stages.kept], stats.rows[stages.weight]
+        if len(sequence_tokens) == 2:
+            keep, weights = sequence_tokens[0].mul_(kept), sequence_tokens[1].mul_(token_weight)
+        elif len(sequence_tokens) == 1:  # the sequence factor is the keep flag
+            keep = sequence_tokens[0]
+            weights = keep * token_weight
+            keep.mul_(kept)
+        else:
+            keep, weights = kept, token_weight * self.scale if self.scale != 1.0 else token_weight
+        if token_outputs:
+            self.metrics.rows.update(is_weight_mean=weights, rejected_token_fraction=stats.batch.mask - keep)
+        return Correction(weights, keep, self.metrics)
 
 
-def _shape_weights_(mode: str, rho: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """IS weights from ratios, in place: truncate ``min(rho, high)``, clip ``clamp(rho, low, high)``, mask ``rho``."""
+def _ess(s1: float, s2: float, n: float) -> float:
+    """Normalised effective sample size ``(sum w)^2 / (n sum w^2)`` (0 without weight)."""
+    return s1 * s1 / (n * s2) if n > 0 and s2 > 0 else 0.0
+
+
+def _chi2(s1: float, s2: float, n: float) -> float:
+    """``mean(w^2) - 1`` of the weights normalised to mean 1: ``n sum w^2 / (sum w)^2 - 1`` (0 without weight)."""
+    return n * s2 / (s1 * s1) - 1.0 if s1 > 0 else 0.0
+
+
+def _shape_weights(mode: str, rho: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Sequence IS weights from ratios: truncate ``min(rho, high)``, clip ``clamp(rho, low, high)``, mask ``rho``."""
     if mode == "truncate":
-        return rho.clamp_(max=high)
+        return np.minimum(rho, high)
     if mode == "clip":
-        return rho.clamp_(min=low, max=high)
+        return np.clip(rho, low, high)
     return rho
 
 
-def _bound_metrics(metrics: SeqMetrics, mode: str, above: torch.Tensor | None, below: torch.Tensor | None) -> None:
-    """Fractions of ratios above ``is_high`` (truncate, clip) and below ``is_low`` (clip); others may be None."""
-    if mode in ("truncate", "clip"):
-        metrics.mean["is_clip_high_fraction"] = above
-    if mode == "clip":
-        metrics.mean["is_clip_low_fraction"] = below
+def apply_correction(spec: CorrectionSpec, batch: TokenBatch, reducers: Reducers = LOCAL) -> Correction:
+    """``spec`` on ``batch`` on its own: statistics of :func:`correction_columns` (complete over CP shards with
+    ``reducers.seq``), the plan, one batch reduction (``reducers.batch``), the weights. The TIS hook instead builds
+    one table for the metrics and the correction and reduces once for both."""
+    stats = SeqStats.build(batch, correction_columns(spec), reducers)
+    plan = CorrectionPlan(spec, stats)
+    reduce_batch(reducers.batch, plan)
+    rows = plan.sequence_rows()
+    return plan.finish(list(stats.segments.expand(stats.to_device(rows, stats.batch.mask.dtype))) if rows else [])

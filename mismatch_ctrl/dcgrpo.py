@@ -29,19 +29,25 @@ import logging
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Mapping, get_args
 
+import numpy as np
 import torch
 
-from .batch import TokenBatch
-from .dist import Reducer, local_reduce
-from .signals import Signal, token_signal
+from .errors import StateError
+from .seqstats import BatchTotals, Columns, SeqStats, Tokens
+from .signals import SIGNAL_COLUMNS, Signal
+from .state import count, either, list_of, literal, number, optional, positive, validated
 
 log = logging.getLogger(__name__)
 
 PenaltyForm = Literal["lagrangian", "centered", "hinge", "fixed"]
 Aggregation = Literal["seq_mean", "token_mean"]
 PENALTY_FORMS: tuple[str, ...] = get_args(PenaltyForm)
+EPS_MAX = 1.0
+"""Upper bound (exclusive) of a numeric ``eps`` for every signal [ours]: ``prob_diff`` never exceeds 1, and a mean
+``|log ratio|``, ``|rho - 1|`` or K3 of 1 is a broken engine, not a budget."""
+
 
 @dataclass(frozen=True)
 class DCGRPOSettings:
@@ -65,13 +71,17 @@ class DCGRPOSettings:
     def problems(self) -> list[tuple[str, str]]:
         """(key, message) pairs for every invalid value; the config loader raises on the first."""
         out = []
-        if isinstance(self.eps, float) and not self.eps > 0:
-            out.append(("eps", f"must be > 0 (or 'auto'), got {self.eps}"))
+        if isinstance(self.eps, float) and not 0 < self.eps < EPS_MAX:
+            out.append(("eps", f"must be > 0 and < {EPS_MAX} (or 'auto'), got {self.eps}: C_bar of a working stack is "
+                               "about 1e-3 to 1e-2 and |p_train - p_rollout| <= 1, so eps >= 1 keeps lambda at 0 and "
+                               "DC-GRPO off; measure it with mismatch-ctrl analyze or use eps: auto"))
         if self.eta is not None and not self.eta > 0:
             out.append(("eta", f"must be > 0, got {self.eta}"))
         if self.lambda_0 is not None and self.lambda_0 < 0:
             out.append(("lambda_0", f"must be >= 0, got {self.lambda_0}"))
-        if self.lambda_max is not None and self.lambda_0 is not None and self.lambda_max < self.lambda_0:
+        if self.lambda_max is not None and not self.lambda_max > 0:
+            out.append(("lambda_max", f"must be > 0 (lambda is clipped to [0, lambda_max]), got {self.lambda_max}"))
+        elif self.lambda_max is not None and self.lambda_0 is not None and self.lambda_max < self.lambda_0:
             out.append(("lambda_max", f"must be >= lambda_0 ({self.lambda_0}), got {self.lambda_max}"))
         if self.calibration_rollouts < 1:
             out.append(("calibration_rollouts", f"must be >= 1, got {self.calibration_rollouts}"))
@@ -82,63 +92,77 @@ class DCGRPOSettings:
         return out
 
 
-@dataclass(frozen=True)
+def shaping_columns(settings: DCGRPOSettings, eps: float) -> Columns:
+    """The columns :func:`shape_advantages` reads: the signal ``c m`` and, for ``hinge`` / ``centered``, the
+    penalty's absolute value (with the current ``eps``)."""
+    signal = settings.signal
+    sums = {signal: SIGNAL_COLUMNS[signal]}
+    if settings.penalty_form == "hinge":
+        def hinge(t: Tokens, out: torch.Tensor) -> None:  # c = 0 where m = 0, and so is the hinge
+            torch.sub(t.rows[signal], eps, out=out).clamp_min_(0.0)
+
+        sums["dcgrpo_hinge"] = hinge
+    elif settings.penalty_form == "centered":
+        def centered(t: Tokens, out: torch.Tensor) -> None:
+            torch.sub(t.rows[signal], eps, out=out).abs_().mul_(t.mask)
+
+        sums["dcgrpo_centered_abs"] = centered
+    return Columns(sums, keep=frozenset({signal, "dcgrpo_hinge"} & set(sums)))
+
+
 class ShapedAdvantages:
-    """Shaped token advantages (None when only measuring) and the rollout's statistics, identical on every rank
-    after the reductions."""
+    """Shaped token advantages (None when only measuring) and, after the batch reduction (``add_to`` / ``read``;
+    :func:`~mismatch_ctrl.seqstats.reduce_batch`), the rollout's ``discrepancy`` (``C_bar``; None when no sequence
+    of the global batch has a trained token), ``penalty_abs_mean`` and ``penalty_share``, identical on every rank."""
 
-    advantages: torch.Tensor | None
-    discrepancy: float | None
-    penalty_abs_mean: float
-    penalty_share: float
+    def __init__(self, stats: SeqStats, advantages: torch.Tensor | None, seq_advantages: torch.Tensor | None,
+                 settings: DCGRPOSettings, lam: float) -> None:
+        self.stats, self.advantages, self.seq_advantages = stats, advantages, seq_advantages
+        self.settings, self.lam = settings, lam
+        self.discrepancy: float | None = None
+        self.penalty_abs_mean = self.penalty_share = 0.0
+
+    def add_to(self, totals: BatchTotals) -> None:
+        """Per batch: sequences with trained tokens, the sum of their ``C_i``, trained tokens, the sum of ``c``, of
+        ``|penalty| / |lambda|`` and of ``|A|`` over trained tokens."""
+        stats, form = self.stats, self.settings.penalty_form
+        penalty = {"hinge": "dcgrpo_hinge", "centered": "dcgrpo_centered_abs"}.get(form, self.settings.signal)
+        adv = 0.0 if self.seq_advantages is None else np.abs(self.seq_advantages.detach().cpu().numpy())
+        signal = self.settings.signal
+        totals.add("sum", "dcgrpo", [stats.valid.sum(), stats.valid @ stats.mean(signal), stats.counts.sum(),
+                                     stats.sum(signal).sum(), stats.sum(penalty).sum(), (stats.counts * adv).sum()])
+
+    def read(self, reduced: Mapping[str, list[float]]) -> None:
+        n_valid, sum_seq_c, n_tokens, sum_c, sum_penalty, sum_adv = reduced["dcgrpo"]
+        if n_valid == 0:
+            return
+        self.discrepancy = sum_seq_c / n_valid if self.settings.aggregation == "seq_mean" else sum_c / n_tokens
+        if self.seq_advantages is not None:
+            self.penalty_abs_mean = abs(self.lam) * sum_penalty / n_tokens
+            self.penalty_share = self.penalty_abs_mean / max(sum_adv / n_tokens, 1e-8)
 
 
-def shape_advantages(
-    batch: TokenBatch,
-    seq_advantages: torch.Tensor | None,
-    settings: DCGRPOSettings,
-    lam: float,
-    eps: float,
-    seq_reduce: Reducer = local_reduce,
-    batch_reduce: Reducer = local_reduce,
-) -> ShapedAdvantages:
+def shape_advantages(stats: SeqStats, seq_advantages: torch.Tensor | None, settings: DCGRPOSettings, lam: float,
+                     eps: float) -> ShapedAdvantages:
     """``A~[i, t] = A_i - penalty(c[i, t])`` for per-sequence advantages ``A_i`` (``[N]``; GRPO's normalised reward),
-    flat over tokens, and ``C_bar`` of this rollout. ``seq_advantages=None`` only measures ``C_bar``.
+    flat over tokens, from statistics that include :func:`shaping_columns`; ``seq_advantages=None`` only measures
+    ``C_bar``. The batch values follow the batch reduction (see :class:`ShapedAdvantages`).
 
     The penalty applies to trained tokens only (``m = 1``): untrained positions (tool output, padding) carry no
     meaningful rollout log-prob (slime stores 0.0 there) and keep ``A_i`` [ours].
-
-    ``discrepancy`` (``C_bar``) is None when no sequence of the global batch has a trained token.
     ``penalty_share = mean|penalty| / max(mean|A|, 1e-8)`` over trained tokens shows a penalty that swamps the task.
     """
-    form = settings.penalty_form
-    m = batch.mask
-    c = token_signal(batch, settings.signal).mul_(m)
-    columns = [m, c]
-    penalized = c
-    if seq_advantages is not None and form == "centered":
-        penalized = (c - eps).mul_(m)
-        columns.append(penalized.abs())
-    elif seq_advantages is not None and form == "hinge":
-        penalized = (c - eps).clamp_min_(0.0)
-        columns.append(penalized)
-    sums = seq_reduce(batch.segments.sum(*columns), "sum")
-    counts = sums[:, 0]
-    valid = (counts > 0).to(sums.dtype)
-    seq_mean_c = sums[:, 1] / counts.clamp_min(1.0)
-    pen_abs = abs(lam) * sums[:, -1]
-    adv_abs = torch.zeros_like(counts) if seq_advantages is None else seq_advantages.abs().to(sums.dtype) * counts
-    totals = torch.stack([valid.sum(), (seq_mean_c * valid).sum(), counts.sum(), sums[:, 1].sum(), pen_abs.sum(),
-                          adv_abs.sum()]).double()
-    n_valid, sum_seq_c, n_tokens, sum_c, sum_pen, sum_adv = batch_reduce(totals, "sum").tolist()
     shaped = None
     if seq_advantages is not None:
-        shaped = batch.segments.expand(seq_advantages.to(c.dtype)).add_(penalized, alpha=-lam)
-    if n_valid == 0:
-        return ShapedAdvantages(shaped, None, 0.0, 0.0)
-    c_bar = sum_seq_c / n_valid if settings.aggregation == "seq_mean" else sum_c / n_tokens
-    pen_mean = sum_pen / n_tokens if seq_advantages is not None else 0.0
-    return ShapedAdvantages(shaped, c_bar, pen_mean, pen_mean / max(sum_adv / n_tokens, 1e-8))
+        c = stats.rows[settings.signal]
+        shaped = stats.segments.expand(seq_advantages.to(c.dtype))
+        if settings.penalty_form == "hinge":
+            shaped.add_(stats.rows["dcgrpo_hinge"], alpha=-lam)
+        else:
+            shaped.add_(c, alpha=-lam)
+            if settings.penalty_form == "centered":
+                shaped.add_(stats.batch.mask, alpha=lam * eps)
+    return ShapedAdvantages(stats, shaped, seq_advantages, settings, lam)
 
 
 class LagrangeController:
@@ -212,16 +236,52 @@ class LagrangeController:
             if s.eps_guard == "clamp":
                 self.eps = clamped
 
+    STATE = {"lam": number, "eps": optional(positive), "eps_setting": either(literal("auto"), positive),
+             "observed": list_of(number), "floor": optional(number), "rollouts": count, "skipped": count}
+
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
-        return {"lam": self.lam, "eps": self.eps, "observed": list(self.observed), "floor": self.floor,
-                "rollouts": self.rollouts, "skipped": self.skipped}
+        return {"lam": self.lam, "eps": self.eps, "eps_setting": self.settings.eps, "observed": list(self.observed),
+                "floor": self.floor, "rollouts": self.rollouts, "skipped": self.skipped}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot taken by ``state_dict``."""
-        self.lam = float(state["lam"])
-        self.eps = None if state["eps"] is None else float(state["eps"])
-        self.observed = [float(v) for v in state["observed"]]
-        self.floor = None if state["floor"] is None else float(state["floor"])
-        self.rollouts = int(state["rollouts"])
-        self.skipped = int(state["skipped"])
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "dcgrpo") -> None:
+        """Restore a snapshot taken by ``state_dict``, validated against the current settings (state protocol of
+        :mod:`mismatch_ctrl.state`).
+
+        - ``lam`` outside ``[0, lambda_max]`` of the current settings is clipped, with a warning naming both values.
+        - ``eps``: a changed numeric eps applies from now on, with a warning naming both values (the infeasible-budget
+          guard checks it against the saved floor); a switch between ``auto`` and a number is an error, because the
+          saved run either has no calibration to resume or would keep an eps the configuration no longer asks for.
+        - the calibration window (``calibration_rollouts`` / ``floor_rollouts``) must be the one of the saved run.
+        """
+        s = self.settings
+        state = validated(state, self.STATE, where)
+        saved_setting = state["eps_setting"]
+        if (saved_setting == "auto") != self.auto:
+            raise StateError(f"{where}.eps_setting: the saved run used eps {saved_setting!r} but the configuration "
+                             f"has eps {s.eps!r}; a switch between 'auto' and a number cannot be resumed: resume with "
+                             "the run's eps setting")
+        if state["eps"] is None and not self.auto:
+            raise StateError(f"{where}.eps: null (still calibrating) although the saved run used eps {saved_setting}")
+        observed, floor = len(state["observed"]), state["floor"]
+        fits = observed < self.window if floor is None else observed == self.window
+        if not fits or (self.auto and (state["eps"] is None) != (floor is None)):
+            key = "calibration_rollouts" if self.auto else "floor_rollouts"
+            raise StateError(f"{where}.observed: {observed} rollouts observed and floor {floor} do not fit "
+                             f"dcgrpo.{key} = {self.window} of the configuration: keep {key} as it was when the run "
+                             "started")
+        self.observed, self.floor = state["observed"], state["floor"]
+        self.rollouts, self.skipped = state["rollouts"], state["skipped"]
+        self.eps = state["eps"]
+        if not self.auto and saved_setting != s.eps:
+            log.warning("%s: eps changed from %.4g (saved run) to %.4g (configuration): %.4g applies from now on",
+                        where, saved_setting, s.eps, s.eps)
+            self.eps = float(s.eps)
+            if self.floor is not None:
+                self._set_floor(self.floor)
+        self.lam = state["lam"]
+        if not 0.0 <= self.lam <= s.lambda_max:
+            clipped = min(max(self.lam, 0.0), s.lambda_max)
+            log.warning("%s: saved lambda %.6g is outside [0, lambda_max=%.6g] of the configuration: clipped to %.6g",
+                        where, self.lam, s.lambda_max, clipped)
+            self.lam = clipped

@@ -1,48 +1,75 @@
-"""Reducers: how statistics combine across ranks.
+"""How statistics combine across ranks: two all-gathers of small tensors per hook call, never a gather of tokens.
 
-Every statistic in mismatch_ctrl is built from sums (and a few maxima), so pieces computed on different ranks combine
-by an all-reduce of a few numbers per sequence, never by gathering token tensors [ours, ARCHITECTURE.md].
+Every statistic in mismatch_ctrl is built from per-sequence sums and maxima (ARCHITECTURE.md, "Statistics are
+additive"), reduced in two steps:
 
-Core functions take two reducers:
+- ``seq``: the context-parallel shards of the *same* sequences. Each shard holds some tokens of every sequence; the
+  per-sequence table ``[N, K]`` (sums and maxima side by side) is gathered over the CP group and combined locally
+  (sum or max per column), so every CP rank then holds the complete, identical table.
+- ``batch``: *disjoint* sets of sequences on the data-parallel ranks. The small vector of batch numbers (sums,
+  maxima, minima, histogram counts) is gathered over the DP group (without CP: after the first step every CP rank
+  holds the same numbers) and combined locally.
 
-- ``seq_reduce`` combines *pieces of the same sequences* (context-parallel shards): per-sequence sums ``[N, K]``.
-- ``batch_reduce`` combines *disjoint sets of sequences* (data-parallel ranks): batch totals ``[K]``.
-
-Both default to :func:`local_reduce` (a single process, e.g. the CPU lab).
+A gather, unlike an all-reduce, combines sums, maxima and minima in one collective, and every rank combines the same
+rows in the same order, so the results are bit-identical everywhere. Tensor-parallel peers hold identical data and are
+in neither group, so nothing is counted twice.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 
-ReduceOp = Literal["sum", "max"]
+
+class Gather(Protocol):
+    """All participants' copies of ``tensor``, stacked in rank order: ``[P, *tensor.shape]`` on the input's device,
+    identical everywhere. Never modifies the input."""
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
 
-class Reducer(Protocol):
-    """Return the element-wise sum (or max) of ``tensor`` over all participants; never modify the input."""
-
-    def __call__(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor: ...
-
-
-def local_reduce(tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-    """The reducer of a single participant: the identity."""
-    return tensor
+def local_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """The gather of a single participant."""
+    return tensor.unsqueeze(0)
 
 
-def group_reducer(group_fn: Callable[[], object]) -> Reducer:
-    """An all-reduce over the ``torch.distributed`` group returned by ``group_fn()`` at call time.
+def group_gather(group_fn: Callable[[], object]) -> Gather:
+    """An all-gather over the ``torch.distributed`` group returned by ``group_fn()`` at call time, on the group's
+    device (CUDA for NCCL, else the CPU); the result comes back on the input's device.
 
     The group is looked up on every call because slime destroys and recreates process groups around offload.
     """
     import torch.distributed as dist
 
-    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+    def gather(tensor: torch.Tensor) -> torch.Tensor:
+        group = group_fn()
+        size = dist.get_world_size(group)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
+            torch.device("cpu")
+        flat = tensor.detach().reshape(-1).to(device)
+        out = flat.new_empty(size * flat.numel())
+        dist.all_gather_into_tensor(out, flat, group=group)
+        return out.view(size, *tensor.shape).to(tensor.device)
 
-    def reduce(tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-        out = tensor.detach().clone()
-        dist.all_reduce(out, op=ops[op], group=group_fn())
-        return out
+    return gather
 
-    return reduce
+
+@dataclass(frozen=True)
+class Reducers:
+    """The two gathers of one hook call: ``seq`` over the CP shards of the same sequences, ``batch`` over the DP ranks
+    (see the module docstring). Both default to a single participant (the CPU lab, ``mismatch-ctrl analyze``)."""
+
+    seq: Gather = local_gather
+    batch: Gather = local_gather
+
+    @property
+    def sharded(self) -> bool:
+        """Whether sequences are split over context-parallel ranks (else the per-sequence table is already complete)."""
+        return self.seq is not local_gather
+
+
+LOCAL = Reducers()
+"""A single process: every gather is the identity."""
+

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
+
+from .errors import StateError
+from .state import count, list_of, mapping, nonnegative, number, optional, positive, validated
 
 TRUNCATION_HEADROOM = 0.9
 """Fraction of the maximum response length a mean length can plausibly reach (used to cap the trigger ratio)."""
@@ -155,18 +158,25 @@ class SurgeDetector:
                 j -= 1
             self.onset = self.start + j
 
+    STATE = {"start": optional(count), "lengths": list_of(nonnegative), "short_means": list_of(nonnegative),
+             "baseline": optional(number), "ratio": optional(number), "threshold": positive, "streak": count,
+             "onset": optional(count), "triggered_at": optional(count)}
+
     def state_dict(self) -> dict[str, Any]:
         """A snapshot (lists copied: later updates do not change it)."""
-        return {k: list(v) if isinstance(v, list) else v for k, v in
-                ((k, getattr(self, k)) for k in ("start", "lengths", "short_means", "baseline", "ratio", "threshold",
-                                                 "streak", "onset", "triggered_at"))}
+        return {k: list(v) if isinstance(v, list) else v for k, v in ((k, getattr(self, k)) for k in self.STATE)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot taken by ``state_dict``."""
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "surge") -> None:
+        """Restore a snapshot taken by ``state_dict`` (state protocol of :mod:`mismatch_ctrl.state`): the length
+        history is required, a detector cannot resume from nothing."""
+        state = validated(state, self.STATE, where)
+        if len(state["short_means"]) != len(state["lengths"]) or (state["start"] is None) != (not state["lengths"]):
+            raise StateError(f"{where}.short_means: {len(state['short_means'])} entries for {len(state['lengths'])} "
+                             f"lengths (start {state['start']}): the history is inconsistent")
+        if state["triggered_at"] is not None and (state["onset"] is None or state["baseline"] is None):
+            raise StateError(f"{where}.triggered_at: {state['triggered_at']} without an onset and a baseline")
         for key, value in state.items():
-            if key not in self.state_dict():
-                raise KeyError(f"unknown surge-detector state key {key!r}")
-            setattr(self, key, list(value) if isinstance(value, list) else value)
+            setattr(self, key, value)
 
 
 class LengthTriggeredLR:
@@ -199,14 +209,17 @@ class LengthTriggeredLR:
         first = period if self.detector is None else max(period, self.detector.triggered_at)
         return decay_scale(step, period, first, self.settings.factor, self.settings.min_scale)
 
+    STATE = {"detector": optional(mapping)}
+
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"detector": None if self.detector is None else self.detector.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot taken by ``state_dict``."""
+    def load_state_dict(self, state: Mapping[str, Any], where: str = "lr_decay") -> None:
+        """Restore a snapshot taken by ``state_dict`` (state protocol of :mod:`mismatch_ctrl.state`)."""
+        state = validated(state, self.STATE, where)
         if (state["detector"] is None) != (self.detector is None):
-            raise ValueError("saved LR-decay state does not match lr_decay.period (manual vs auto); "
+            raise StateError(f"{where}.detector: the saved state does not match lr_decay.period (manual vs auto); "
                              "keep the period setting fixed across a resume")
         if self.detector is not None:
-            self.detector.load_state_dict(state["detector"])
+            self.detector.load_state_dict(state["detector"], f"{where}.detector")

@@ -1,99 +1,193 @@
-"""Mismatch metrics with slime/verl names (ALGORITHMS.md section 6), built from additive per-sequence pieces.
+"""Mismatch metrics with slime/verl names (ALGORITHMS.md section 6), as functions of the sequence statistics.
 
-Every metric is first a per-sequence value. A *mean* metric is then averaged over the sequences that have trained
-tokens (slime's ``sum_of_sample_mean`` convention: per-sequence mean, then mean over sequences); a *max* metric takes
-the maximum; a *total* metric sums. Broadcasting a mean metric's per-sequence value to that sequence's tokens gives a
-token-shaped tensor that slime's loss reducer averages back to exactly the same number, both with and without
-``--calculate-per-token-loss`` (token-weighted mean of per-sequence means = token mean).
+Every metric is first a per-sequence value. A *mean* metric is averaged over the sequences that have trained tokens
+(slime's ``sum_of_sample_mean`` convention: per-sequence mean, then mean over sequences); a *max* / *min* metric
+takes the extreme over those sequences; a *total* metric sums over all sequences. Batch values are global over the
+data-parallel ranks (and complete over context-parallel shards, as the statistics are).
 
 Per sequence i, with masked means ``E_i[x] = sum_t m x / max(sum_t m, 1)``:
 
 - ``training_log_ppl = -E_i[lp_train]``, ``rollout_log_ppl = -E_i[lp_roll]``
 - ``log_ppl_diff = E_i[lp_roll] - E_i[lp_train]`` (= ``kl``, the direct estimator ``E[lp_roll - lp_train]``),
-  ``log_ppl_abs_diff = |log_ppl_diff|``
+  ``log_ppl_abs_diff = |log_ppl_diff|``; ``log_ppl_diff_max`` / ``log_ppl_diff_min``: its extremes over sequences
 - ``k3_kl = E_i[rho - 1 - l]``, ``logprob_abs_diff = E_i[|l|]``
 - ``prob_diff_mean = E_i[|p_train - p_roll|]`` (the DC-GRPO signal), ``prob_diff_max = max_t m |p_train - p_roll|``
 - totals: ``trained_tokens``, ``nonfinite_tokens`` (log-probs dropped by the non-finite guard).
+
+Token form (what slime's TIS hook must return: one token-shaped tensor per metric, which slime averages per sample
+over the sample's trained tokens, then over samples; SLIME.md section 6), see :func:`token_shaped`:
+
+- a mean metric that is a per-sequence token mean returns its token values (``-lp_train`` at trained tokens for
+  ``training_log_ppl``): slime's per-sample mean of them *is* the per-sequence value;
+- any other mean metric (``log_ppl_abs_diff``, per-sequence decisions) returns its per-sequence value at each of the
+  sequence's tokens;
+- a batch value (max, min, diagnostics) is that value at every token: after slime's averaging it reads as the value
+  (times the fraction of samples with trained tokens, like every metric), per micro-batch, averaged over the step's
+  micro-batches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 
-from .batch import Segments, TokenBatch
-from .dist import Reducer, local_reduce
-from .signals import k3, token_signal
+from .dist import Gather, local_gather
+from .seqstats import BatchTotals, Columns, SeqStats, Tokens, reduce_batch
+from .signals import SIGNAL_COLUMNS
+
+KINDS = ("mean", "max", "min", "total")
 
 
-@dataclass
+def _neg_lp_train(t: Tokens, out: torch.Tensor) -> None:
+    torch.mul(t.train, t.mask, out=out).neg_()
+
+
+def _neg_lp_roll(t: Tokens, out: torch.Tensor) -> None:
+    torch.mul(t.rollout, t.mask, out=out).neg_()
+
+
+def _kl(t: Tokens, out: torch.Tensor) -> None:
+    torch.sub(t.rollout, t.train, out=out).mul_(t.mask)
+
+
+METRIC_COLUMNS = Columns(
+    sums={"neg_lp_train": _neg_lp_train, "neg_lp_roll": _neg_lp_roll, "k3": SIGNAL_COLUMNS["k3"],
+          "prob_diff": SIGNAL_COLUMNS["prob_diff"], "log_diff": SIGNAL_COLUMNS["log_diff"]},
+    maxima={"prob_diff": SIGNAL_COLUMNS["prob_diff"]},
+)
+"""The columns :func:`mismatch_metrics` reads."""
+TOKEN_COLUMNS = Columns(tokens={"kl": _kl})
+"""The token values of ``kl`` / ``log_ppl_diff`` (per sequence the difference of the two log-ppl means; a token output
+only, for the TIS hook)."""
+TOKEN_MEANS = {"training_log_ppl": "neg_lp_train", "rollout_log_ppl": "neg_lp_roll", "log_ppl_diff": "kl", "kl": "kl",
+               "k3_kl": "k3", "prob_diff_mean": "prob_diff", "logprob_abs_diff": "log_diff"}
+"""Mean metrics that are per-sequence token means of a column."""
+
+
 class SeqMetrics:
-    """Per-sequence metric values (each ``[N]``) grouped by how they aggregate over a batch."""
+    """Per-sequence metric values of one batch (numpy, on the host), in blocks ``(names, values [N, k])`` by how they
+    aggregate (mean, max, min, total), with the token rows of mean metrics that are token means. After the batch
+    reduction (:meth:`add_to` / :meth:`read`, or :meth:`summarize`) ``summary`` holds the batch values, plus
+    ``valid_sequences`` and any batch-only value a consumer adds (e.g. the correction's diagnostics).
+    ``mean`` / ``max`` / ``min`` / ``total`` give the per-sequence values by name (``[N]`` tensors)."""
 
-    counts: torch.Tensor
-    mean: dict[str, torch.Tensor] = field(default_factory=dict)
-    max: dict[str, torch.Tensor] = field(default_factory=dict)
-    total: dict[str, torch.Tensor] = field(default_factory=dict)
+    def __init__(self, stats: SeqStats, label: str) -> None:
+        self.stats = stats
+        self.label = label
+        self.blocks: dict[str, list[tuple[tuple[str, ...], np.ndarray]]] = {kind: [] for kind in KINDS}
+        self.rows: dict[str, torch.Tensor] = {}
+        self.summary: dict[str, float] = {}
 
-    def update(self, other: SeqMetrics) -> SeqMetrics:
-        """Add the metrics of ``other`` (same sequences) to this set; returns self."""
-        self.mean.update(other.mean)
-        self.max.update(other.max)
-        self.total.update(other.total)
-        return self
+    def add(self, kind: str, names: tuple[str, ...], values: np.ndarray,
+            rows: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Add metrics ``names`` with per-sequence ``values`` (``[N, len(names)]``, or ``[N]`` for one name) and,
+        for mean metrics that are token means, their token values ``rows``."""
+        values = np.asarray(values, dtype=np.float64).reshape(self.stats.num_seqs, len(names))
+        self.blocks[kind].append((names, values))
+        self.rows.update(rows or {})
 
-    def token_shaped(self, segments: Segments) -> dict[str, torch.Tensor]:
-        """Mean metrics broadcast to tokens (``[T]`` each): the form slime's TIS hook must return."""
-        if not self.mean:
-            return {}
-        stacked = segments.expand(torch.stack(list(self.mean.values()), dim=1))
-        return {name: stacked[:, k] for k, name in enumerate(self.mean)}
+    def names(self, kind: str) -> list[str]:
+        """The names of the ``kind`` metrics, in order."""
+        return [name for block, _ in self.blocks[kind] for name in block]
 
-    def summarize(self, batch_reduce: Reducer = local_reduce) -> dict[str, float]:
-        """Batch values: mean over sequences with trained tokens, max, and totals, combined across ranks."""
-        valid = (self.counts > 0).to(self.counts.dtype)
-        sums = [valid.sum()] + [(v * valid).sum() for v in self.mean.values()] + [v.sum() for v in self.total.values()]
-        sums = batch_reduce(torch.stack(sums).double(), "sum").tolist()
-        n_valid, rest = sums[0], sums[1:]
-        out = {name: rest[k] / n_valid if n_valid > 0 else 0.0 for k, name in enumerate(self.mean)}
-        out.update({name: rest[len(self.mean) + k] for k, name in enumerate(self.total)})
-        out["valid_sequences"] = n_valid
-        if self.max:
-            maxes = torch.stack([torch.where(valid > 0, v, 0.0).max() if v.numel() else v.new_zeros(())
-                                 for v in self.max.values()])
-            out.update(zip(self.max, batch_reduce(maxes, "max").tolist()))
-        return out
+    def _matrix(self, kind: str) -> np.ndarray:
+        return np.concatenate([values for _, values in self.blocks[kind]] or [np.zeros((self.stats.num_seqs, 0))],
+                              axis=1)
+
+    def _dict(self, kind: str) -> dict[str, torch.Tensor]:
+        return {name: torch.from_numpy(values[:, k]) for names, values in self.blocks[kind]
+                for k, name in enumerate(names)}
+
+    @property
+    def mean(self) -> dict[str, torch.Tensor]:
+        return self._dict("mean")
+
+    @property
+    def max(self) -> dict[str, torch.Tensor]:
+        return self._dict("max")
+
+    @property
+    def min(self) -> dict[str, torch.Tensor]:
+        return self._dict("min")
+
+    @property
+    def total(self) -> dict[str, torch.Tensor]:
+        return self._dict("total")
+
+    def add_to(self, totals: BatchTotals) -> None:
+        """The count of valid sequences and the sums over them of the mean metrics, the totals, and the maxima and
+        (negated) minima over valid sequences (``-inf`` where there is none)."""
+        valid = self.stats.valid
+        totals.add("sum", f"{self.label}.sums",
+                   np.concatenate([[valid.sum()], valid @ self._matrix("mean"), self._matrix("total").sum(0)]))
+        extremes = np.concatenate([self._matrix("max"), -self._matrix("min")], axis=1)
+        if extremes.shape[1]:
+            masked = np.where(valid[:, None] > 0, extremes, -np.inf)
+            totals.add("max", f"{self.label}.extremes", np.max(masked, axis=0, initial=-np.inf))
+
+    def read(self, reduced: Mapping[str, list[float]]) -> None:
+        """The batch values from the reduced totals (0 for a max / min without any valid sequence)."""
+        sums = reduced[f"{self.label}.sums"]
+        n_valid = sums[0]
+        means, totals = self.names("mean"), self.names("total")
+        self.summary.update({name: sums[1 + k] / n_valid if n_valid > 0 else 0.0 for k, name in enumerate(means)})
+        self.summary.update({name: sums[1 + len(means) + k] for k, name in enumerate(totals)})
+        self.summary["valid_sequences"] = n_valid
+        maxima, minima = self.names("max"), self.names("min")
+        if maxima or minima:
+            values = reduced[f"{self.label}.extremes"]
+            self.summary.update({name: v if v > -math.inf else 0.0 for name, v in zip(maxima, values)})
+            self.summary.update({name: -v if v > -math.inf else 0.0 for name, v in zip(minima, values[len(maxima):])})
+
+    def summarize(self, gather: Gather = local_gather) -> dict[str, float]:
+        """The batch values, reduced on their own by one ``gather`` over the data-parallel ranks."""
+        reduce_batch(gather, self)
+        return self.summary
 
 
-def mismatch_metrics(batch: TokenBatch, seq_reduce: Reducer = local_reduce) -> SeqMetrics:
-    """The section-6 mismatch metrics of ``batch``, per sequence (shards combined with ``seq_reduce``)."""
-    m = batch.mask
-    seg = batch.segments
-    l = batch.log_ratio
-    prob_diff = token_signal(batch, "prob_diff").mul_(m)
-    buffer = batch.train_log_probs * m  # reused for each column once its sums are taken
-    parts = [seg.sum(m, buffer)]
-    parts.append(seg.sum(torch.mul(batch.rollout_log_probs, m, out=buffer)))
-    parts.append(seg.sum(k3(l, out=buffer).mul_(m), prob_diff))
-    parts.append(seg.sum(torch.abs(l, out=buffer).mul_(m)))
-    sums = seq_reduce(torch.cat([*parts, batch.nonfinite.unsqueeze(1)], dim=1), "sum")
-    prob_diff_max = seq_reduce(seg.max(prob_diff), "max")
-    counts = sums[:, 0]
-    means = sums[:, 1:6] / counts.clamp_min(1.0).unsqueeze(1)
-    log_ppl_diff = means[:, 1] - means[:, 0]
-    return SeqMetrics(
-        counts=counts,
-        mean={
-            "training_log_ppl": -means[:, 0],
-            "rollout_log_ppl": -means[:, 1],
-            "log_ppl_diff": log_ppl_diff,
-            "log_ppl_abs_diff": log_ppl_diff.abs(),
-            "kl": log_ppl_diff,
-            "k3_kl": means[:, 2],
-            "prob_diff_mean": means[:, 3],
-            "logprob_abs_diff": means[:, 4],
-        },
-        max={"prob_diff_max": prob_diff_max},
-        total={"trained_tokens": counts, "nonfinite_tokens": sums[:, 6]},
-    )
+def mismatch_metrics(stats: SeqStats) -> SeqMetrics:
+    """The section-6 mismatch metrics of a batch whose statistics include :data:`METRIC_COLUMNS`."""
+    metrics = SeqMetrics(stats, "mismatch")
+    training, rollout = stats.mean("neg_lp_train"), stats.mean("neg_lp_roll")
+    log_ppl_diff = training - rollout
+    means = {"training_log_ppl": training, "rollout_log_ppl": rollout, "log_ppl_diff": log_ppl_diff,
+             "kl": log_ppl_diff, "k3_kl": stats.mean("k3"), "prob_diff_mean": stats.mean("prob_diff"),
+             "logprob_abs_diff": stats.mean("log_diff")}
+    metrics.add("mean", tuple(means), np.stack(list(means.values()), axis=1), stats.token_rows(TOKEN_MEANS))
+    metrics.add("mean", ("log_ppl_abs_diff",), np.abs(log_ppl_diff))
+    metrics.add("max", ("prob_diff_max", "log_ppl_diff_max"),
+                np.stack([np.maximum(stats.max("prob_diff"), 0.0), log_ppl_diff], axis=1))
+    metrics.add("min", ("log_ppl_diff_min",), log_ppl_diff)
+    metrics.add("total", ("trained_tokens", "nonfinite_tokens"), np.stack([stats.counts, stats.sum("nonfinite")], 1))
+    return metrics
+
+
+def broadcast_means(parts: Sequence[SeqMetrics], dropped: torch.Tensor | None = None) -> list[tuple[str, np.ndarray]]:
+    """The mean metrics of ``parts`` whose token form is their per-sequence value at each token (see the module
+    docstring), with those values; with ``dropped`` (see :func:`token_shaped`) every mean metric."""
+    return [(name, values[:, k]) for part in parts for names, values in part.blocks["mean"]
+            for k, name in enumerate(names) if dropped is not None or name not in part.rows]
+
+
+def token_shaped(parts: Sequence[SeqMetrics], dtype: torch.dtype, broadcast: Mapping[str, torch.Tensor],
+                 dropped: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Every metric of ``parts`` as a token-shaped ``[T]`` tensor of ``dtype`` (see the module docstring), after the
+    batch reduction; ``broadcast`` holds the tokens of :func:`broadcast_means`.
+
+    ``dropped`` marks tokens slime counts as trained that the non-finite guard removed: there a token-mean metric
+    holds its per-sequence value, so that slime's per-sample mean over its own masks is unchanged."""
+    stats = parts[0].stats
+    rows = {name: row for part in parts for name, row in part.rows.items()}
+    out = {name: rows[name] if name not in broadcast else
+           torch.where(dropped, broadcast[name], rows[name]) if dropped is not None and name in rows else
+           broadcast[name] for part in parts for name in part.names("mean")}
+    totals = {name for part in parts for name in part.names("total")} | {"valid_sequences"}
+    constants = {name: value for part in parts for name, value in part.summary.items()
+                 if name not in out and name not in totals}
+    if constants:
+        values = torch.tensor(list(constants.values()), dtype=dtype, device=stats.batch.mask.device)
+        out.update(zip(constants, values.unsqueeze(1).expand(len(constants), stats.segments.num_tokens).unbind(0)))
+    return out

@@ -10,6 +10,9 @@ name           token value ``c[t]``        source
 ``ratio_diff`` ``|rho - 1|``               multiplicative drift
 ``k3``         ``rho - 1 - l`` (>= 0)      K3 estimator of KL
 =============  ==========================  ==========================================================
+
+:data:`SIGNAL_COLUMNS` writes each signal, masked, as a named column of the sequence statistics
+(:mod:`mismatch_ctrl.seqstats`); :func:`token_signal` returns it unmasked.
 """
 
 from __future__ import annotations
@@ -19,25 +22,46 @@ from typing import Literal, get_args
 import torch
 
 from .batch import TokenBatch
+from .seqstats import Tokens, Writer
 
 Signal = Literal["prob_diff", "log_diff", "ratio_diff", "k3"]
 SIGNALS: tuple[str, ...] = get_args(Signal)
 
 
+def _prob_diff(t: Tokens, out: torch.Tensor) -> None:
+    torch.sub(t.p_train, t.p_roll, out=out).abs_().mul_(t.mask)
+
+
+def _log_diff(t: Tokens, out: torch.Tensor) -> None:
+    torch.abs(t.log_ratio, out=out).mul_(t.mask)
+
+
+def _ratio_diff(t: Tokens, out: torch.Tensor) -> None:
+    torch.abs(t.expm1, out=out).mul_(t.mask)
+
+
+def _k3(t: Tokens, out: torch.Tensor) -> None:
+    k3(t.log_ratio, out, t.expm1).mul_(t.mask)
+
+
+SIGNAL_COLUMNS: dict[str, Writer] = {"prob_diff": _prob_diff, "log_diff": _log_diff, "ratio_diff": _ratio_diff,
+                                     "k3": _k3}
+"""Column writers ``c[t] m[t]`` of every signal, by signal name."""
+
+
 def token_signal(batch: TokenBatch, signal: Signal = "prob_diff") -> torch.Tensor:
     """The per-token discrepancy ``c[t]`` of ``batch`` (fp32, ``[T]``, not masked)."""
-    if signal == "prob_diff":
-        return torch.exp(batch.train_log_probs).sub_(torch.exp(batch.rollout_log_probs)).abs_()
-    if signal == "log_diff":
-        return batch.log_ratio.abs()
-    if signal == "ratio_diff":
-        return torch.exp(batch.log_ratio).sub_(1.0).abs_()
-    if signal == "k3":
-        return k3(batch.log_ratio)
-    raise ValueError(f"unknown discrepancy signal {signal!r}; choose one of {SIGNALS}")
+    if signal not in SIGNAL_COLUMNS:
+        raise ValueError(f"unknown discrepancy signal {signal!r}; choose one of {SIGNALS}")
+    out = torch.empty_like(batch.log_ratio)
+    SIGNAL_COLUMNS[signal](Tokens(torch.ones_like(batch.mask), batch.log_ratio, batch.train_log_probs,
+                                  batch.rollout_log_probs), out)
+    return out
 
 
-def k3(log_ratio: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """K3 estimator ``exp(l) - 1 - l`` (non-negative), token-wise; ``expm1`` keeps it accurate and >= 0 for small l.
-    ``out`` receives the result if given."""
-    return torch.expm1(log_ratio, out=out).sub_(log_ratio)
+def k3(log_ratio: torch.Tensor, out: torch.Tensor | None = None, expm1: torch.Tensor | None = None) -> torch.Tensor:
+    """K3 estimator ``exp(l) - 1 - l`` (non-negative), token-wise; ``expm1`` keeps it accurate and >= 0 for small l
+    (pass ``expm1(l)`` if already computed). ``out`` receives the result if given."""
+    if expm1 is None:
+        return torch.expm1(log_ratio, out=out).sub_(log_ratio)
+    return torch.sub(expm1, log_ratio, out=out)

@@ -8,33 +8,36 @@ defaults); values below ``low`` (zeros included) fall into an underflow bin repo
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Sequence
 
+import numpy as np
 import torch
-
-from .dist import Reducer, local_reduce
 
 LOW, HIGH, BINS = 1e-8, 1e2, 400
 
 
-def log_histogram(values: torch.Tensor, weights: torch.Tensor | None = None, low: float = LOW, high: float = HIGH,
-                  bins: int = BINS) -> torch.Tensor:
-    """Counts ``[bins + 2]`` (underflow, bins, overflow) of non-negative ``values``, optionally weighted."""
-    pos = (torch.log(values.double().clamp_min(low * 0.5)) - math.log(low)) / (math.log(high) - math.log(low)) * bins
-    inside = pos.floor().long().clamp(0, bins - 1) + 1
-    index = torch.where(values < low, 0, torch.where(values > high, bins + 1, inside))
-    w = torch.ones_like(values, dtype=torch.float64) if weights is None else weights.double()
-    return torch.zeros(bins + 2, dtype=torch.float64, device=values.device).index_add_(0, index, w)
+def log_histogram(values: np.ndarray | torch.Tensor, weights: np.ndarray | None = None, low: float = LOW,
+                  high: float = HIGH, bins: int = BINS) -> np.ndarray:
+    """Counts ``[bins + 2]`` (underflow, bins, overflow) of non-negative ``values``, optionally weighted (host
+    arrays; the per-sequence values it bins are small)."""
+    values = np.asarray(values, dtype=np.float64)
+    position = np.floor((np.log(np.maximum(values, low * 0.5)) - math.log(low)) * (bins / math.log(high / low)))
+    index = np.where(values > high, bins + 1, np.clip(position, -1, bins - 1) + 1).astype(np.int64)
+    return np.bincount(index, weights=weights, minlength=bins + 2).astype(np.float64)
 
 
-def histogram_quantiles(counts: torch.Tensor, qs: list[float], low: float = LOW, high: float = HIGH) -> list[float]:
-    """Quantiles ``qs`` (in [0, 1]) of a :func:`log_histogram`; NaN for an empty histogram."""
-    bins = counts.numel() - 2
-    total = float(counts.sum())
+def histogram_quantiles(counts: np.ndarray | Sequence[float], qs: list[float], low: float = LOW,
+                        high: float = HIGH) -> list[float]:
+    """Quantiles ``qs`` (in [0, 1]) of a :func:`log_histogram` (or of its counts summed over ranks); NaN for an
+    empty histogram."""
+    per_bin = [float(c) for c in counts]
+    bins = len(per_bin) - 2
+    cum = list(itertools.accumulate(per_bin))
+    total = cum[-1]
     if total <= 0:
         return [math.nan for _ in qs]
-    per_bin = counts.double().tolist()
-    cum = torch.cumsum(counts.double(), 0).tolist()
     step = (math.log(high) - math.log(low)) / bins
     out = []
     for q in qs:
@@ -50,9 +53,3 @@ def histogram_quantiles(counts: torch.Tensor, qs: list[float], low: float = LOW,
             frac = (target - below) / max(cum[k] - below, 1e-300)
             out.append(math.exp(math.log(low) + (k - 1 + min(max(frac, 0.0), 1.0)) * step))
     return out
-
-
-def global_quantiles(values: torch.Tensor, qs: list[float], batch_reduce: Reducer = local_reduce,
-                     weights: torch.Tensor | None = None) -> list[float]:
-    """Quantiles of ``values`` pooled over all ranks (their histograms summed with ``batch_reduce``)."""
-    return histogram_quantiles(batch_reduce(log_histogram(values, weights), "sum"), qs)

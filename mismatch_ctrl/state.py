@@ -1,24 +1,141 @@
-"""Atomic, versioned controller-state files.
+"""Atomic, versioned controller-state files, and the one protocol every stateful controller restores by.
 
 One JSON file per rollout, ``state_{rollout_id:07d}.json`` (plain floats and lists: human-readable, exact float
 round-trip, and nothing executable is ever loaded). Writes go to a temporary file in the same directory, are
 fsync'ed and renamed over the target, so a crash never leaves a half-written file under the final name.
+
+**State protocol.** A stateful controller declares ``STATE``, a schema mapping each key of its ``state_dict()`` to
+a check (:func:`number`, :func:`count`, :func:`optional`, :func:`list_of`, :func:`mapping`, ...), and its
+``load_state_dict(state, where)`` starts with ``validated(state, self.STATE, where)``: unknown or missing keys and
+values of the wrong type, non-finite or out of range raise :class:`StateError` naming ``where`` (the file and the
+controller) and the key, exactly like the configuration. The controller then checks what depends on the current
+configuration (e.g. lambda within ``[0, lambda_max]``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .errors import StateError
+from .formatting import brief, clip
 
 FORMAT = "mismatch_ctrl.state"
-VERSION = 1
+VERSION = 2
 _NAME = re.compile(r"^state_(\d{7,})\.json$")
+
+Check = Callable[[Any], Any]
+"""Returns the value (converted, e.g. int -> float) or raises ``ValueError`` with what is wrong."""
+
+
+def number(value: Any) -> float:
+    """A finite real number (JSON int or float, not a boolean)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number, got {brief(value)}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"must be a finite number, got {brief(value)}")
+    return out
+
+
+def nonnegative(value: Any) -> float:
+    """A finite number >= 0."""
+    out = number(value)
+    if out < 0:
+        raise ValueError(f"must be >= 0, got {brief(value)}")
+    return out
+
+
+def positive(value: Any) -> float:
+    """A finite number > 0."""
+    out = number(value)
+    if not out > 0:
+        raise ValueError(f"must be > 0, got {brief(value)}")
+    return out
+
+
+def count(value: Any) -> int:
+    """An integer >= 0 (a rollout id or a counter)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"must be an integer >= 0, got {brief(value)}")
+    return value
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    """A mapping (a nested controller's state, validated by that controller)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a mapping, got {brief(value)}")
+    return value
+
+
+def optional(check: Check) -> Check:
+    """``None`` or a value passing ``check``."""
+    def checked(value: Any) -> Any:
+        return None if value is None else check(value)
+    return checked
+
+
+def list_of(check: Check) -> Check:
+    """A list whose every item passes ``check``."""
+    def checked(value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise ValueError(f"must be a list, got {brief(value)}")
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(check(item))
+            except ValueError as exc:
+                raise ValueError(f"item {i} {exc}") from None
+        return out
+    return checked
+
+
+def either(*checks: Check) -> Check:
+    """A value passing one of ``checks`` (tried in order; the last one's message if none does)."""
+    def checked(value: Any) -> Any:
+        for check in checks[:-1]:
+            try:
+                return check(value)
+            except ValueError:
+                pass
+        return checks[-1](value)
+    return checked
+
+
+def literal(*allowed: Any) -> Check:
+    """One of the ``allowed`` values."""
+    def checked(value: Any) -> Any:
+        if isinstance(value, (str, int, float, type(None))) and not isinstance(value, bool) and value in allowed:
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, allowed))}, got {brief(value)}")
+    return checked
+
+
+def validated(state: Any, schema: Mapping[str, Check], where: str) -> dict[str, Any]:
+    """``state`` checked against ``schema``: exactly the schema's keys, each value passed through its check.
+    :class:`StateError` names ``where`` and the key otherwise."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"{where}: expected a mapping of {', '.join(schema)}, got {brief(state)}")
+    for key in state:
+        if key not in schema:
+            raise StateError(f"{where}.{clip(str(key), 60)}: unknown key (this version saves {', '.join(schema)}); the "
+                             "file was edited or written by another version of mismatch_ctrl")
+    out = {}
+    for key, check in schema.items():
+        if key not in state:
+            held = clip(", ".join(map(str, state)), 200) or "no key"
+            raise StateError(f"{where}.{key}: missing (the state holds {held}); the file was edited or written by "
+                             "another version of mismatch_ctrl")
+        try:
+            out[key] = check(state[key])
+        except ValueError as exc:
+            raise StateError(f"{where}.{key}: {exc}") from None
+    return out
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -82,10 +199,12 @@ class StateStore:
         except (OSError, ValueError) as exc:
             raise StateError(f"{path}: unreadable mismatch_ctrl state ({exc})") from None
         if not isinstance(document, dict) or document.get("format") != FORMAT:
-            raise StateError(f"{path}: not a mismatch_ctrl state file (format {document.get('format')!r})"
+            raise StateError(f"{path}: not a mismatch_ctrl state file (format {brief(document.get('format'))})"
                              if isinstance(document, dict) else f"{path}: not a mismatch_ctrl state file")
         if document.get("version") != VERSION:
-            raise StateError(f"{path}: state version {document.get('version')} is not supported (expected {VERSION})")
+            raise StateError(f"{path}: state version {brief(document.get('version'))} is not supported (expected "
+                             f"{VERSION}: written by another version of mismatch_ctrl)")
         if document.get("rollout_id") != rollout_id or not isinstance(document.get("state"), dict):
-            raise StateError(f"{path}: corrupt state (rollout_id {document.get('rollout_id')}, expected {rollout_id})")
+            raise StateError(f"{path}: corrupt state (rollout_id {brief(document.get('rollout_id'))}, expected "
+                             f"{rollout_id})")
         return document["state"]

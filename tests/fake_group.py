@@ -1,13 +1,13 @@
-"""An in-process all-reduce: P threads play the P ranks of a data- or context-parallel group.
+"""An in-process all-gather: P threads play the P ranks of a data- or context-parallel group.
 
-Each participant runs in its own thread and calls its own reducer (the :class:`mismatch_ctrl.dist.Reducer` protocol).
-A call blocks on a barrier until all P participants have contributed, then every participant receives the element-wise
-sum (or max) of the P tensors, combined in rank order by one thread, so the result is deterministic and identical
-everywhere. Participants that pass different shapes, dtypes or ops all raise :class:`GroupError`; a participant that
-never arrives makes the others raise ``TimeoutError`` after ``timeout`` seconds, so a bug cannot hang the suite.
+Each participant runs in its own thread and calls its own gather (the :class:`mismatch_ctrl.dist.Gather` protocol).
+A call blocks on a barrier until all P participants have contributed, then every participant receives the P tensors
+stacked in rank order (``[P, *shape]``), assembled by one thread, so the result is identical everywhere. Participants
+that pass different shapes or dtypes all raise :class:`GroupError`; a participant that never arrives makes the others
+raise ``TimeoutError`` after ``timeout`` seconds, so a bug cannot hang the suite. ``rounds`` counts the collectives.
 
     group = FakeGroup(3)
-    results = run_ranks(3, lambda rank: core_function(shard[rank], seq_reduce=group.reducer(rank)), [group])
+    results = run_ranks(3, lambda rank: core_function(shard[rank], Reducers(seq=group.gather(rank))), [group])
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from typing import Callable, Iterable, TypeVar
 
 import torch
 
-from mismatch_ctrl.dist import Reducer
+from mismatch_ctrl.dist import Gather
 
 T = TypeVar("T")
 
 
 class GroupError(RuntimeError):
-    """The participants of a :class:`FakeGroup` disagree (shape, dtype, op) or one of them failed."""
+    """The participants of a :class:`FakeGroup` disagree (shape, dtype) or one of them failed."""
 
 
 class FakeGroup:
-    """An all-reduce among ``size`` threads; get each participant's reducer with :meth:`reducer`."""
+    """An all-gather among ``size`` threads; get each participant's gather with :meth:`gather`."""
 
     def __init__(self, size: int, timeout: float = 10.0) -> None:
         if size < 1:
@@ -35,66 +35,55 @@ class FakeGroup:
         self.size = size
         self.timeout = timeout
         self.rounds = 0
-        self._slots: list[tuple[torch.Tensor, str] | None] = [None] * size
+        self._slots: list[torch.Tensor | None] = [None] * size
         self._result: torch.Tensor | GroupError | None = None
         self._aborted = False
         self._barrier = threading.Barrier(size, action=self._combine, timeout=timeout)
 
-    def reducer(self, rank: int) -> Reducer:
-        """The reducer of participant ``rank`` (0 <= rank < size)."""
+    def gather(self, rank: int) -> Gather:
+        """The gather of participant ``rank`` (0 <= rank < size)."""
         if not 0 <= rank < self.size:
             raise ValueError(f"rank {rank} is outside the group of size {self.size}")
 
-        def reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-            return self._reduce(rank, tensor, op)
+        def gather(tensor: torch.Tensor) -> torch.Tensor:
+            return self._gather(rank, tensor)
 
-        return reduce
+        return gather
 
     def abort(self) -> None:
         """Release every waiting participant with a :class:`GroupError` (used when one participant failed)."""
         self._aborted = True
         self._barrier.abort()
 
-    def _reduce(self, rank: int, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        self._slots[rank] = (tensor.detach().clone(), op)
+    def _gather(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
+        self._slots[rank] = tensor.detach().clone()
         call = self.rounds
         try:
             self._barrier.wait()
         except threading.BrokenBarrierError:
             if self._aborted:
-                raise GroupError(f"rank {rank}: reduce call #{call} aborted because another participant failed") \
+                raise GroupError(f"rank {rank}: gather call #{call} aborted because another participant failed") \
                     from None
             raise TimeoutError(
-                f"rank {rank}: reduce call #{call} waited more than {self.timeout}s for the other participants of a "
-                f"group of {self.size} (one of them skipped a reduce, reduced more often, or is stuck)") from None
+                f"rank {rank}: gather call #{call} waited more than {self.timeout}s for the other participants of a "
+                f"group of {self.size} (one of them skipped a gather, gathered more often, or is stuck)") from None
         result = self._result
         if isinstance(result, GroupError):
             raise GroupError(f"rank {rank}: {result}")
         return result.clone()
 
     def _combine(self) -> None:
-        """Run by one thread once all participants have arrived: the rank-ordered sum/max, or the disagreement."""
+        """Run by one thread once all participants have arrived: the rank-ordered stack, or the disagreement."""
         slots = list(self._slots)
         self._slots = [None] * self.size
         call = self.rounds
         self.rounds += 1
-        shapes = [tuple(t.shape) for t, _ in slots]
-        dtypes = [t.dtype for t, _ in slots]
-        ops = [op for _, op in slots]
-        if len(set(shapes)) > 1 or len(set(dtypes)) > 1 or len(set(ops)) > 1:
-            self._result = GroupError(
-                f"reduce call #{call}: participants disagree: shapes {shapes}, dtypes {dtypes}, ops {ops}")
+        shapes = [tuple(t.shape) for t in slots]
+        dtypes = [t.dtype for t in slots]
+        if len(set(shapes)) > 1 or len(set(dtypes)) > 1:
+            self._result = GroupError(f"gather call #{call}: participants disagree: shapes {shapes}, dtypes {dtypes}")
             return
-        if ops[0] not in ("sum", "max"):
-            self._result = GroupError(f"reduce call #{call}: unknown op {ops[0]!r} (use 'sum' or 'max')")
-            return
-        out = slots[0][0].clone()
-        for tensor, _ in slots[1:]:
-            if ops[0] == "sum":
-                out += tensor
-            else:
-                torch.maximum(out, tensor, out=out)
-        self._result = out
+        self._result = torch.stack(slots)
 
 
 def run_ranks(size: int, fn: Callable[[int], T], groups: Iterable[FakeGroup] = (), timeout: float = 30.0) -> list[T]:

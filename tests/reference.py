@@ -14,7 +14,8 @@ from typing import Sequence
 import torch
 
 LOG_RATIO_BOUND = 20.0
-MAX_METRICS = frozenset({"prob_diff_max"})
+MAX_METRICS = frozenset({"prob_diff_max", "log_ppl_diff_max"})
+MIN_METRICS = frozenset({"log_ppl_diff_min"})
 TOTAL_METRICS = frozenset({"trained_tokens", "nonfinite_tokens", "rejected_tokens"})
 
 
@@ -103,13 +104,15 @@ def mismatch_metrics(seq: Seq) -> dict[str, float]:
         "prob_diff_mean": masked_mean(prob_diff, m),
         "logprob_abs_diff": masked_mean(token_signal(seq, "log_diff"), m),
         "prob_diff_max": max([p for p, w in zip(prob_diff, m) if w > 0], default=0.0),
+        "log_ppl_diff_max": log_ppl_diff,
+        "log_ppl_diff_min": log_ppl_diff,
         "trained_tokens": seq.count,
         "nonfinite_tokens": float(seq.nonfinite),
     }
 
 
 def summarize(rows: Sequence[dict[str, float]], counts: Sequence[float]) -> dict[str, float]:
-    """Batch values: mean over sequences with trained tokens, max over them, totals over all sequences."""
+    """Batch values: mean over sequences with trained tokens, max / min over them, totals over all sequences."""
     valid = [row for row, n in zip(rows, counts) if n > 0]
     names = rows[0].keys() if rows else ()
     out = {"valid_sequences": float(len(valid))}
@@ -118,6 +121,8 @@ def summarize(rows: Sequence[dict[str, float]], counts: Sequence[float]) -> dict
             out[name] = sum(row[name] for row in rows)
         elif name in MAX_METRICS:
             out[name] = max((row[name] for row in valid), default=0.0)
+        elif name in MIN_METRICS:
+            out[name] = min((row[name] for row in valid), default=0.0)
         else:
             out[name] = sum(row[name] for row in valid) / len(valid) if valid else 0.0
     return out
@@ -145,9 +150,10 @@ def correction(spec, seqs: Sequence[Seq]) -> tuple[list[list[float]], list[list[
     is_high = spec.is_high
     bands = []
     if spec.rs_level is not None:
-        bands.append((spec.rs_level, spec.rs_low, spec.rs_high))
+        bands.append((spec.rs_level, spec.rs_low, spec.rs_high, "rs"))
     if spec.is_level is not None and spec.is_mode == "mask":
-        bands.append((spec.is_level, is_low, is_high))
+        bands.append((spec.is_level, is_low, is_high, "tis"))
+    k3_on = spec.rs_k3_max is not None
 
     weights, keeps, rows, seq_weights = [], [], [], []
     for seq in seqs:
@@ -165,19 +171,32 @@ def correction(spec, seqs: Sequence[Seq]) -> tuple[list[list[float]], list[list[
             row["veto_seq_fraction"] = float(catastrophic > 0)
             row["catastrophic_token_fraction"] = catastrophic / denom
             rejected |= catastrophic > 0
-        if spec.rs_k3_max is not None:
+        too_far = False
+        if k3_on:
             too_far = masked_mean(token_signal(seq, "k3"), m) > spec.rs_k3_max
             row["k3_rejected_seq_fraction"] = float(too_far)
             rejected |= too_far
         token_ok = [True] * len(ls)
-        for level, low, high in bands:
+        stage_seq = {"rs": too_far, "tis": False}  # a sequence rejected by the stage itself
+        stage_tokens = {"rs": 0.0, "tis": 0.0}  # trained tokens rejected by the stage's token band
+        for level, low, high, stage in bands:
             if level == "token":
-                token_ok = [ok and _inside(r, low, high) for ok, r in zip(token_ok, rhos)]
+                inside = [_inside(r, low, high) for r in rhos]
+                token_ok = [ok and i for ok, i in zip(token_ok, inside)]
+                stage_tokens[stage] += sum(w for w, i in zip(m, inside) if not i)
             else:
                 out = not _inside(seq_rho[level], low, high)
                 key = f"{level}_band_rejected_seq_fraction"
                 row[key] = max(row.get(key, 0.0), float(out))
                 rejected |= out
+                stage_seq[stage] |= out
+        for stage in ("rs", "tis"):
+            levels = [level for level, _, _, s in bands if s == stage] + (["k3"] if stage == "rs" and k3_on else [])
+            if not levels:
+                continue
+            if any(level != "token" for level in levels):
+                row[f"{stage}_rejected_seq_fraction"] = float(stage_seq[stage])
+            row[f"{stage}_rejected_token_fraction"] = 1.0 if stage_seq[stage] else stage_tokens[stage] / denom
         keep = [float(w > 0 and ok and not rejected) for w, ok in zip(m, token_ok)]
 
         if spec.is_level is None:
@@ -207,21 +226,38 @@ def correction(spec, seqs: Sequence[Seq]) -> tuple[list[list[float]], list[list[
         rows.append(row)
 
     if spec.batch_normalize and spec.is_level is not None:
+        # slime's mis.py / verl: the IS weights before rejection, of every trained token (token level) or of every
+        # sequence with trained tokens (sequence levels), rescaled to mean 1.
         if spec.is_level == "token":
-            n_kept = sum(sum(k) for k in keeps)
-            weight_total = sum(sum(w) for w in weights)
+            raw = [_shape(spec.is_mode, math.exp(l), is_low, is_high)
+                   for seq in seqs for l, w in zip(seq.log_ratios(), seq.mask) if w > 0]
         else:
-            kept_seqs = [i for i, k in enumerate(keeps) if sum(k) > 0]
-            n_kept = float(len(kept_seqs))
-            weight_total = sum(seq_weights[i] for i in kept_seqs)
-        if n_kept > 0 and weight_total > 0:
-            weights = [[x * n_kept / weight_total for x in w] for w in weights]
+            raw = [seq_w for seq_w, seq in zip(seq_weights, seqs) if seq.count > 0]
+        mean = sum(raw) / len(raw) if raw else 0.0
+        if mean > 1e-8:
+            weights = [[x / mean for x in w] for w in weights]
 
     for seq, w, keep, row in zip(seqs, weights, keeps, rows):
         denom = max(seq.count, 1.0)
         row["is_weight_mean"] = sum(w) / denom
         row["rejected_token_fraction"] = 1.0 - sum(keep) / denom
     return weights, keeps, rows
+
+
+def correction_diagnostics(weights: Sequence[Sequence[float]], keeps: Sequence[Sequence[float]],
+                           seqs: Sequence[Seq]) -> dict[str, float]:
+    """``is_ess`` / ``chi2_token`` over trained tokens, ``is_ess_seq`` / ``chi2_seq`` over sequences with trained
+    tokens (each weighing its mean token weight), and the smallest / largest weight of a kept token (0 without)."""
+    def ess_chi2(values: list[float]) -> tuple[float, float]:
+        s1, s2, n = sum(values), sum(v * v for v in values), len(values)
+        return (s1 * s1 / (n * s2) if n and s2 > 0 else 0.0), (n * s2 / (s1 * s1) - 1.0 if s1 > 0 else 0.0)
+
+    token = [w for ws, seq in zip(weights, seqs) for w, m in zip(ws, seq.mask) if m > 0]
+    per_seq = [sum(ws) / seq.count for ws, seq in zip(weights, seqs) if seq.count > 0]
+    kept = [w for ws, ks in zip(weights, keeps) for w, k in zip(ws, ks) if k > 0]
+    (is_ess, chi2_token), (is_ess_seq, chi2_seq) = ess_chi2(token), ess_chi2(per_seq)
+    return {"is_ess": is_ess, "chi2_token": chi2_token, "is_ess_seq": is_ess_seq, "chi2_seq": chi2_seq,
+            "is_weight_max": max(kept, default=0.0), "is_weight_min": min(kept, default=0.0)}
 
 
 # --- DC-GRPO (section 2) --------------------------------------------------------------------------------------------

@@ -10,17 +10,23 @@ import argparse
 import dataclasses
 import datetime
 import math
+import re
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
-from ..config import ARCHITECTURES, Config, arch_defaults, load_config, resolve_architecture
+from ..batch import DROPPED_WARNING, TokenBatch
+from ..architecture import ARCHITECTURES, resolve_architecture
+from ..config import Config, arch_defaults, load_config
+from ..dcgrpo import EPS_MAX
 from ..errors import ConfigError, InputError
+from ..formatting import brief
 from ..sketch import histogram_quantiles
-from .dumps import DumpError, Skipped, find_rollouts, read_rollout
+from .dumps import DumpError, RolloutDump, Skipped, find_rollouts, read_rollout
 from .replay import Replay
 from .stats import PRESET_NAMES, PROB_DIFF_QUANTILES, TAIL_THRESHOLDS, quantile_key, rollout_stats, token_batch
 
@@ -43,19 +49,46 @@ class AnalyzeOptions:
     eta: float | None = None
     max_response_len: int | None = None
     progress: bool = True
+    unsafe_load: bool = False
 
 
 def eps_option(text: str) -> float | Literal["auto"]:
-    """``--eps``: a number > 0 or ``auto``."""
+    """``--eps``: a number in ``(0, EPS_MAX)`` or ``auto``."""
     if text == "auto":
         return "auto"
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a number > 0 or 'auto', got {text!r}")
+    value = _float(text)
+    if not 0 < value < EPS_MAX:
+        raise argparse.ArgumentTypeError(f"must be a number > 0 and < {EPS_MAX} or 'auto', got {brief(text)}")
     return value
+
+
+def number_option(minimum: float, strict: bool = False) -> Callable[[str], float]:
+    """An option type: a finite number ``>= minimum`` (``> minimum`` if ``strict``)."""
+    def parse(text: str) -> float:
+        value = _float(text)
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {minimum:g}, got "
+                                             f"{brief(text)}")
+        return value
+    return parse
+
+
+def positive_int_option(text: str) -> int:
+    """An option type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {brief(text)}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def method_path(config: str | Path | None) -> Path:
@@ -105,14 +138,21 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
     truncated_lengths: list[int] = []
     for files in _progress(groups, options.progress):
         try:
-            dump = read_rollout(files)
-            batch = token_batch(dump, config.nonfinite)
+            dump = read_rollout(files, options.unsafe_load)
+            with warnings.catch_warnings():  # dropped tokens are counted in the report
+                warnings.filterwarnings("ignore", message=re.escape(DROPPED_WARNING))
+                batch = token_batch(dump, config.nonfinite)
         except (DumpError, InputError) as exc:
             skipped.append(Skipped(", ".join(str(p) for p in files.paths), str(exc)))
             continue
+        problems = _problems(dump, batch)
+        if batch is not None and not bool((batch.mask > 0).any()):
+            batch = None  # nothing to measure: the hook would skip the dual update too
         stats = rollout_stats(dump, batch, options.max_response_len)
         row = stats.row
-        row["replay"] = replay.observe(dump.rollout_id, batch, dump.rewards, row["mean_response_length"])
+        row.update(problems, measured=batch is not None, train_log_probs=dump.train_log_probs is not None)
+        rewards = None if dump.rewards is None else [r if math.isfinite(r) else 0.0 for r in dump.rewards]
+        row["replay"] = replay.observe(dump.rollout_id, batch, rewards, row["mean_response_length"])
         row["replay"].pop("rollout_id")
         row["files"], row["notes"] = dump.files, dump.notes
         if dump.truncated is not None:
@@ -139,9 +179,12 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
         "method": {"file": str(method), "name": config.name, "architecture": config.architecture,
                    "architecture_source": arch_source},
-        "counts": {"rollouts": len(rows), "with_train_log_probs": sum(r["train_log_probs"] for r in rows),
-                   "first": min(ids), "last": max(ids),
-                   "missing_ids": sorted(set(range(min(ids), max(ids) + 1)) - set(ids))},
+        "counts": {"rollouts": len(rows), "first": min(ids), "last": max(ids), "missing": missing_ids(ids),
+                   **{f"with_{key}": sum(bool(r[key]) for r in rows)
+                      for key in ("train_log_probs", "rollout_log_probs", "both_log_probs", "trained_tokens")},
+                   "measured": sum(r["measured"] for r in rows),
+                   **{key: sum(r[key] or 0 for r in rows)
+                      for key in ("nonfinite_tokens", "impossible_tokens", "nonfinite_rewards")}},
         "max_response_len": {"value": max_len, "source": max_len_source},
         "prob_diff_pooled": None if pooled is None else {
             "tokens": pooled_tokens,
@@ -158,6 +201,27 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
         "skipped": [dataclasses.asdict(s) for s in skipped],
     }
     return _finite(result)
+
+
+def missing_ids(ids: list[int], limit: int = 20) -> dict[str, Any]:
+    """Rollout ids absent between the first and the last of ``ids``: their count and the first ``limit`` gaps as
+    ``[first, last]`` ranges (never the ids one by one: the ids come from file names and may be far apart)."""
+    ordered = sorted(set(ids))
+    gaps = [[a + 1, b - 1] for a, b in zip(ordered, ordered[1:]) if b - a > 1]
+    return {"count": sum(b - a + 1 for a, b in gaps), "ranges": gaps[:limit], "more_ranges": max(len(gaps) - limit, 0)}
+
+
+def _problems(dump: RolloutDump, batch: TokenBatch | None) -> dict[str, Any]:
+    """What the rollout lacks or holds that cannot be used: which log-probs exist, the trained tokens left, the tokens
+    dropped for a NaN/inf or an impossible (> 0) log-prob, and the non-finite rewards (replayed as advantage 0)."""
+    impossible = None if batch is None else batch.impossible_tokens
+    return {
+        "both_log_probs": batch is not None,
+        "trained_tokens": None if batch is None else int((batch.mask > 0).sum()),
+        "nonfinite_tokens": None if batch is None else batch.nonfinite_tokens - impossible,
+        "impossible_tokens": impossible,
+        "nonfinite_rewards": None if dump.rewards is None else sum(not math.isfinite(r) for r in dump.rewards),
+    }
 
 
 def _recommendation(replay: Replay) -> dict[str, Any]:

@@ -14,14 +14,22 @@ Layout (slime 624b824, ``slime/observability/{train,rollout}_data_utils.py``), w
   ``Sample.to_dict()`` dicts (``response_length``, ``rollout_log_probs`` list, ``loss_mask`` list or None,
   ``status`` string, ``reward``, ...); ``eval_{rollout_id}.pt`` files hold evaluations and are ignored here.
 
-The files are pickles (``torch.load(weights_only=False)``, as slime reads them): analyse dumps of your own runs only.
-Nothing from a file is called; a truncated or foreign file is reported by name and skipped.
+The files are pickles. They are loaded with ``torch.load(weights_only=True)``, which builds only tensors, numbers,
+strings, lists and dicts (plus numpy arrays and scalars, allowed explicitly: a custom reward function may return
+them), so a crafted file cannot run code; everything slime 624b824 writes loads this way. ``unsafe_load=True``
+(``mismatch-ctrl analyze --unsafe-load``) uses ``weights_only=False`` as slime's own reader does: a dump can then run
+arbitrary code, so only for dumps of your own runs that hold other objects. A truncated, foreign or refused file is
+reported by name and skipped, as is a rollout whose id is ambiguous (``2.pt`` and ``02.pt``) or disagrees with the
+``rollout_id`` stored in the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -29,9 +37,13 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from ..errors import InputError
+from ..formatting import brief, clip
 
 TRAIN_DIR, ROLLOUT_DIR = "train_data", "rollout_data"
 FORMAT_VERSION = 2
+MAX_ID_DIGITS = 18
+"""A rollout id in a file name has at most 18 digits (it fits an int64); longer numbers are not rollout ids."""
+_ID = re.compile(r"[0-9]+")
 ID_KEYS = ("rollout_position", "sample_index", "data_parallel_rank")
 CONTEXT_PARALLEL_FIELDS = ("rollout_log_probs", "teacher_log_probs", "log_probs", "ref_log_probs", "values",
                            "advantages", "returns", "kl", "entropy", "opd_reverse_kl")
@@ -267,40 +279,76 @@ def find_rollouts(directory: str | Path) -> tuple[list[RolloutFiles], list[Skipp
     skipped: list[Skipped] = []
     subdirs = [root / TRAIN_DIR, root / ROLLOUT_DIR]
     groups: dict[int, dict[str, Any]] = {}
+    clashes: dict[int, list[Path]] = {}
     if any(d.is_dir() for d in subdirs):
         for kind, sub in zip(("train", "rollout"), subdirs):
             for path in sorted(sub.glob("*.pt")) if sub.is_dir() else []:
                 if path.stem.startswith("eval_"):
                     continue
-                if not path.stem.isdigit():
+                if not _ID.fullmatch(path.stem) or len(path.stem) > MAX_ID_DIGITS:
                     hint = (" (a per-rank dump of slime before 681b3ad, format 1: not supported)"
-                            if re.fullmatch(r"\d+_\d+", path.stem) else "")
+                            if re.fullmatch(r"[0-9]+_[0-9]+", path.stem) else "")
                     skipped.append(Skipped(str(path), f"file name is not '{{rollout_id}}.pt'{hint}"))
                     continue
-                groups.setdefault(int(path.stem), {})[kind] = path
+                group = groups.setdefault(int(path.stem), {})
+                if kind in group:
+                    clashes.setdefault(int(path.stem), [group[kind]]).append(path)
+                group[kind] = path
     else:
         for path in sorted(root.glob("*.pt")):
             if path.stem.startswith("eval_"):
                 continue
-            number = re.search(r"\d+", path.stem)
-            if number is None:
-                skipped.append(Skipped(str(path), "no rollout id (a number) in the file name"))
+            number = _ID.search(path.stem)
+            if number is None or len(number.group()) > MAX_ID_DIGITS:
+                skipped.append(Skipped(str(path), "no rollout id (a number of at most 18 digits) in the file name"))
                 continue
             group = groups.setdefault(int(number.group()), {})
             group["unknown"] = (*group.get("unknown", ()), path)
+    for rid, paths in clashes.items():
+        files = RolloutFiles(rid, **groups.pop(rid))
+        skipped.append(Skipped(", ".join(str(p) for p in files.paths),
+                               f"rollout id {rid} is named twice ({', '.join(p.name for p in paths)}); keep one file "
+                               "per rollout and kind"))
     return [RolloutFiles(rid, **groups[rid]) for rid in sorted(groups)], skipped
 
 
-def load_dump(path: str | Path) -> dict[str, Any]:
-    """``torch.load`` one dump on the CPU (memory-mapped when the file allows); :class:`DumpError` if unreadable."""
+def safe_globals() -> list[Any]:
+    """What ``weights_only`` loading may build besides tensors and plain Python data: numpy arrays and scalars of
+    numeric dtypes (their reconstruct functions under numpy 2's and numpy 1's module paths)."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    dtypes = {type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                         np.uint32, np.uint64, np.float16, np.float32, np.float64)}
+    reconstruct, scalar = core.multiarray._reconstruct, core.multiarray.scalar
+    return [np.ndarray, np.dtype, reconstruct, scalar, *sorted(dtypes, key=str),
+            (reconstruct, "numpy.core.multiarray._reconstruct"), (scalar, "numpy.core.multiarray.scalar")]
+
+
+def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
+    """``torch.load`` one dump on the CPU (memory-mapped when the file allows), with ``weights_only=True`` unless
+    ``unsafe_load`` (see the module docstring); :class:`DumpError` if unreadable or refused."""
     path = Path(path)
+    options: dict[str, Any] = {"map_location": "cpu", "weights_only": not unsafe_load}
     try:
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            payload = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(safe_globals()) if not unsafe_load else contextlib.nullcontext(), \
+                warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a foreign file: reported below
+            try:
+                payload = torch.load(path, mmap=True, **options)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                payload = torch.load(path, **options)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"got <class '([^']+)'>", text)
+        if found is None:
+            reason = text.split("WeightsUnpickler error:")[-1].split("Check the documentation")[0]
+            raise DumpError(f"{path}: cannot be read as a torch dump (UnpicklingError: {_short(reason)})") from None
+        raise DumpError(f"{path}: refused: it holds the type {clip(found.group(1), 80)}, which slime's dumps never "
+                        "contain (they hold tensors, numbers, strings, lists and dicts), and unpickling it could run "
+                        "code from the file. Only if you wrote this dump yourself: rerun with --unsafe-load") from None
     except Exception as exc:  # a truncated or foreign file can fail in pickle, zipfile or torch: report, never crash
         raise DumpError(f"{path}: cannot be read as a torch dump ({type(exc).__name__}: {_short(exc)})") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
@@ -324,19 +372,24 @@ def dump_kind(payload: Mapping[str, Any], path: str | Path) -> str:
     return "train"
 
 
-def read_rollout(files: RolloutFiles) -> RolloutDump:
+def read_rollout(files: RolloutFiles, unsafe_load: bool = False) -> RolloutDump:
     """The :class:`RolloutDump` of one rollout; :class:`DumpError` names the file.
 
     The train dump is preferred; the rollout dump is loaded only when there is no train dump or the train dump lacks
-    ``rollout_log_probs`` or ``truncated`` (then filled from it, joined by ``rollout_position``).
+    ``rollout_log_probs`` or ``truncated`` (then filled from it, joined by ``rollout_position``). Every loaded file's
+    ``rollout_id`` must be the one in its name. ``unsafe_load``: see the module docstring.
     """
     loaded: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path in files.unknown:
-        payload = load_dump(path)
-        loaded[dump_kind(payload, path)] = (path, payload)
+        payload = _checked_id(load_dump(path, unsafe_load), path, files.rollout_id)
+        kind = dump_kind(payload, path)
+        if kind in loaded:
+            raise DumpError(f"{path}: a second {kind} dump for rollout {files.rollout_id} (also "
+                            f"{loaded[kind][0].name}); keep one file per rollout and kind")
+        loaded[kind] = (path, payload)
     for kind, path in (("train", files.train), ("rollout", files.rollout)):
         if path is not None and kind not in loaded and (kind == "train" or "train" not in loaded):
-            payload = load_dump(path)
+            payload = _checked_id(load_dump(path, unsafe_load), path, files.rollout_id)
             if dump_kind(payload, path) != kind:
                 raise DumpError(f"{path}: a {dump_kind(payload, path)} dump in {path.parent.name}/; keep slime's "
                                 "layout (train_data/ for train dumps, rollout_data/ for rollout dumps)")
@@ -349,23 +402,24 @@ def read_rollout(files: RolloutFiles) -> RolloutDump:
     dump = _from_train(files.rollout_id, train_payload, train_path)
     rollout_path = loaded["rollout"][0] if "rollout" in loaded else files.rollout
     if rollout_path is not None and (dump.rollout_log_probs is None or dump.truncated is None):
-        payload = loaded["rollout"][1] if "rollout" in loaded else load_dump(rollout_path)
+        payload = loaded["rollout"][1] if "rollout" in loaded else _checked_id(
+            load_dump(rollout_path, unsafe_load), rollout_path, files.rollout_id)
         _fill_from_rollout(dump, payload, rollout_path, train_payload["samples"])
     return dump
 
 
-def iter_rollouts(directory: str | Path) -> Iterator[RolloutDump | Skipped]:
+def iter_rollouts(directory: str | Path, unsafe_load: bool = False) -> Iterator[RolloutDump | Skipped]:
     """Every rollout under ``directory`` in order: a :class:`RolloutDump`, or :class:`Skipped` with the reason."""
     groups, skipped = find_rollouts(directory)
     yield from skipped
     for files in groups:
         try:
-            yield read_rollout(files)
+            yield read_rollout(files, unsafe_load)
         except DumpError as exc:
             yield Skipped(", ".join(str(p) for p in files.paths), str(exc))
 
 
-def _short(exc: Exception, limit: int = 160) -> str:
+def _short(exc: Exception | str, limit: int = 160) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -389,6 +443,12 @@ def _column(rows: list[dict[str, Any]], key: str, n_tokens: list[int], path: Pat
     return out
 
 
+def _constant(value: float, n: int) -> torch.Tensor:
+    """A default mask of ``n`` tokens that takes no memory (a stride-0 view): a response length read from a file
+    must not allocate more than the file holds."""
+    return torch.full((1,), value).expand(n)
+
+
 def _tensor(value: Any, path: Path, what: str) -> torch.Tensor:
     try:
         return torch.as_tensor(value).reshape(-1).float()
@@ -396,16 +456,23 @@ def _tensor(value: Any, path: Path, what: str) -> torch.Tensor:
         raise DumpError(f"{path}: {what} is not a list of numbers or a tensor ({type(value).__name__})") from None
 
 
-def _rollout_id(payload: Mapping[str, Any], default: int) -> int:
-    value = payload.get("rollout_id")
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+def _checked_id(payload: dict[str, Any], path: Path, rollout_id: int) -> dict[str, Any]:
+    """``payload`` if the ``rollout_id`` it stores (slime always writes one) is the id of its file name."""
+    stored = payload.get("rollout_id")
+    if stored is not None and not (isinstance(stored, int) and not isinstance(stored, bool) and stored == rollout_id):
+        raise DumpError(f"{path}: the file stores rollout_id {brief(stored, 40)} but its name says {rollout_id}; "
+                        "rename the file after the id it stores (slime writes {rollout_id}.pt) or re-dump")
+    return payload
 
 
 def _lengths(rows: list[dict[str, Any]], key: str, path: Path) -> list[int]:
     try:
-        return [int(row[key]) for row in rows]
-    except (KeyError, TypeError, ValueError):
+        lengths = [int(row[key]) for row in rows]
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise DumpError(f"{path}: every sample needs an integer '{key}'") from None
+    if lengths and min(lengths) < 0:
+        raise DumpError(f"{path}: {key} must be >= 0, got {min(lengths)}")
+    return lengths
 
 
 def _numbers(values: Any) -> list[float] | None:
@@ -423,9 +490,9 @@ def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> Rollout
     lengths = _lengths(rows, "response_lengths", path)
     masks = _column(rows, "loss_masks", lengths, path, "rollout_position")
     dump = RolloutDump(
-        rollout_id=_rollout_id(payload, rollout_id),
+        rollout_id=rollout_id,
         response_lengths=lengths,
-        loss_masks=masks if masks is not None else [torch.ones(n) for n in lengths],
+        loss_masks=masks if masks is not None else [_constant(1.0, n) for n in lengths],
         rollout_log_probs=_column(rows, "rollout_log_probs", lengths, path, "rollout_position"),
         train_log_probs=_column(rows, "log_probs", lengths, path, "rollout_position"),
         files=[str(path)],
@@ -450,10 +517,10 @@ def _rollout_rows(payload: dict[str, Any], path: Path) -> tuple[list[dict[str, A
     masks = []
     for i, (row, n) in enumerate(zip(rows, lengths)):
         mask = row.get("loss_mask")
-        mask = torch.ones(n) if mask is None else _tensor(mask, path, f"sample {i}: loss_mask")
+        mask = _constant(1.0, n) if mask is None else _tensor(mask, path, f"sample {i}: loss_mask")
         if mask.numel() != n:
             raise DumpError(f"{path}: sample {i}: loss_mask has {mask.numel()} entries but response_length is {n}")
-        masks.append(mask * 0.0 if row.get("remove_sample") else mask)
+        masks.append(_constant(0.0, n) if row.get("remove_sample") else mask)
     return rows, lengths, masks
 
 
@@ -467,7 +534,7 @@ def _truncated(rows: list[dict[str, Any]]) -> list[bool] | None:
 def _from_rollout(rollout_id: int, payload: dict[str, Any], path: Path) -> RolloutDump:
     rows, lengths, masks = _rollout_rows(payload, path)
     return RolloutDump(
-        rollout_id=_rollout_id(payload, rollout_id),
+        rollout_id=rollout_id,
         response_lengths=lengths,
         loss_masks=masks,
         rollout_log_probs=_column(rows, "rollout_log_probs", lengths, path, "sample"),

@@ -72,7 +72,8 @@ class Replay:
                 controllers.dcgrpo.update(None)
                 record[name] = None
                 continue
-            metrics = controllers.step(rollout_id, advantages, batch, mean_response_length).metrics
+            # step() takes this rank's response lengths and logs their mean; the dump's mean stands for them.
+            metrics = controllers.step(rollout_id, advantages, batch, [mean_response_length]).metrics
             values = {key: metrics.get(key) for key in STEP_KEYS}
             values["eps_calibrating"] = bool(values["eps_calibrating"])
             if values["eps_calibrating"]:
@@ -138,7 +139,7 @@ class Replay:
         series: dict[str, list[Any]] = {"rollout_id": [], "baseline": [], "ratio": [], "threshold": [],
                                         "lr_scale": []}
         for rollout_id, length in self.lengths:
-            metrics = controllers.step(rollout_id, None, None, length, max_response_len).metrics
+            metrics = controllers.step(rollout_id, None, None, [length], max_response_len).metrics
             series["rollout_id"].append(rollout_id)
             series["baseline"].append(metrics.get("surge_baseline"))
             series["ratio"].append(metrics.get("surge_ratio"))

@@ -25,10 +25,8 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
     rec, replay, surge = result["recommendation"], result["dcgrpo_replay"], result["surge"]
     lines = ["## Recommendations", ""]
     if rec["eps_auto"] is None:
-        lines += ["No rollout has the training engine's log-probs (`log_probs` of a train dump), so the discrepancy, "
-                  "eps and the DC-GRPO replay are not available: dump with `--dump-details` (slime since 681b3ad "
-                  "writes `train_data/` with the training forward's log-probs), not `--save-debug-rollout-data` "
-                  "alone.", ""]
+        lines += [_not_measured(result["counts"]) + " So the discrepancy, eps and the DC-GRPO replay are not "
+                  "available.", ""]
     else:
         partial = (f" (from only {rec['rollouts_measured']} rollouts: the rule needs {rec['calibration_rollouts']})"
                    if rec["partial"] else "")
@@ -85,6 +83,35 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _not_measured(counts: dict[str, Any]) -> str:
+    """Why no rollout could be measured, from the most basic missing piece on."""
+    if not counts["with_train_log_probs"]:
+        return ("No rollout has the training engine's log-probs (`log_probs` of a train dump): dump with "
+                "`--dump-details` (slime since 681b3ad writes `train_data/` with the training forward's log-probs), "
+                "not `--save-debug-rollout-data` alone.")
+    if not counts["with_rollout_log_probs"]:
+        return ("No rollout has the rollout engine's log-probs (`rollout_log_probs`, from SGLang): the rollouts must "
+                "return log-probs (a custom generate function must set `sample.rollout_log_probs`).")
+    if not counts["with_both_log_probs"]:
+        return ("No rollout has both engines' log-probs: the rollouts with the training engine's lack the rollout "
+                "engine's and the other way round.")
+    return (f"No rollout has a trained token with usable log-probs: every loss mask is 0, every response is empty, or "
+            f"every trained token's log-prob is NaN/inf ({counts['nonfinite_tokens']} tokens) or impossible, above 0 "
+            f"({counts['impossible_tokens']} tokens).")
+
+
+def _data_problems(counts: dict[str, Any]) -> list[str]:
+    """The report's lines on unusable data (empty when there is none)."""
+    parts = [f"{counts[key]} {what}" for key, what in (
+        ("nonfinite_tokens", "trained tokens with a NaN/inf log-prob"),
+        ("impossible_tokens", "trained tokens with an impossible log-prob (above 0: a probability above 1)"),
+        ("nonfinite_rewards", "samples with a NaN/inf reward (replayed with advantage 0)")) if counts[key]]
+    if not parts:
+        return []
+    return [f"**Unusable data**: {'; '.join(parts)}. Such tokens are left out of every statistic (as the hooks leave "
+            "them out of the loss, counting them in `nonfinite_tokens`); check the engine that produced them.", ""]
+
+
 def _replay_verdict(replay: dict[str, Any]) -> str:
     at_max, above = replay["fraction_at_lambda_max"], replay["fraction_above_eps"]
     if at_max is not None and at_max >= 0.5:
@@ -112,7 +139,7 @@ def _per_rollout(result: dict[str, Any]) -> list[str]:
     rows = result["rollouts"]
     header = ["rollout", "samples", "mean length", "truncated", "reward", "C_bar", "prob_diff_max", "Δp p50",
               "Δp p99", "Δp > 0.1", "logprob_abs_diff", "log_ppl_abs_diff", "kl", "k3_kl", "training_log_ppl",
-              "rollout_log_ppl", "lambda", "eps in force"]
+              "rollout_log_ppl", "lambda", "eps in force", "tokens NaN/inf / > 0"]
     table = []
     for r in rows:
         q, tail = r.get("prob_diff_quantiles") or {}, r.get("prob_diff_tail") or {}
@@ -121,7 +148,7 @@ def _per_rollout(result: dict[str, Any]) -> list[str]:
                       r["reward_mean"], r.get("prob_diff_mean"), r.get("prob_diff_max"), q.get("p50"), q.get("p99"),
                       _pct(tail.get(">0.1")), r.get("logprob_abs_diff"), r.get("log_ppl_abs_diff"), r.get("kl"),
                       r.get("k3_kl"), r.get("training_log_ppl"), r.get("rollout_log_ppl"), chosen.get("lambda"),
-                      chosen.get("eps")])
+                      chosen.get("eps"), f"{fmt(r['nonfinite_tokens'])} / {fmt(r['impossible_tokens'])}"])
     lines = ["## Per rollout", "",
              "Metrics with slime/verl names (ALGORITHMS.md section 6); C_bar = prob_diff_mean, the DC-GRPO signal; "
              "Δp = per-token |p_train - p_rollout|. '-' = not in the dump (without training log-probs only the "
@@ -142,13 +169,16 @@ def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "mi
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts, method = result["counts"], result["method"]
+    missing = counts["missing"]
     lines = [f"# Mismatch analysis of `{result['source']}`", "",
              f"Generated {result['generated']} by `{command}`. Method `{method['name']}` ({method['file']}), "
              f"architecture {method['architecture']} ({method['architecture_source']}).", "",
              f"Read {counts['rollouts']} rollouts ({counts['first']} to {counts['last']}"
-             + (f"; missing {_ids(counts['missing_ids'])}" if counts["missing_ids"] else "")
-             + f"), {counts['with_train_log_probs']} with the training engine's log-probs.", ""]
-    lines += _recommendations(result) + _distribution(result)
+             + (f"; {missing['count']} missing: {_ranges(missing)}" if missing["count"] else "")
+             + f"): {counts['with_train_log_probs']} with the training engine's log-probs, "
+               f"{counts['with_rollout_log_probs']} with the rollout engine's, {counts['measured']} measured (both, "
+               "and trained tokens).", ""]
+    lines += _data_problems(counts) + _recommendations(result) + _distribution(result)
     try:
         plots = write_plots(result, out_dir / "plots")
     except ImportError:
@@ -167,9 +197,9 @@ def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "mi
     return path
 
 
-def _ids(ids: list[int], limit: int = 20) -> str:
-    text = ", ".join(map(str, ids[:limit]))
-    return text + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+def _ranges(missing: dict[str, Any]) -> str:
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in missing["ranges"])
+    return text + (f" and {missing['more_ranges']} more ranges" if missing["more_ranges"] else "")
 
 
 def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -181,7 +211,7 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = result["rollouts"]
-    measured = [r for r in rows if r["train_log_probs"]]
+    measured = [r for r in rows if r["measured"]]
     written = []
 
     def save(fig: Any, name: str, ax: Any) -> None:

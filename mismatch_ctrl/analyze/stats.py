@@ -12,8 +12,9 @@ import torch
 
 from ..batch import NonFinitePolicy, Segments, TokenBatch
 from ..correction import apply_correction
-from ..metrics import mismatch_metrics
+from ..metrics import METRIC_COLUMNS, mismatch_metrics
 from ..presets import PRESETS
+from ..seqstats import SeqStats
 from ..signals import token_signal
 from ..sketch import histogram_quantiles, log_histogram
 from .dumps import RolloutDump
@@ -66,7 +67,7 @@ def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len:
                    truncation_source="max_response_len")
     histogram = None
     if batch is not None:
-        row.update(mismatch_metrics(batch).summarize())
+        row.update(mismatch_metrics(SeqStats.build(batch, METRIC_COLUMNS)).summarize())
         prob_diff = token_signal(batch, "prob_diff")
         trained = batch.mask > 0
         values = prob_diff[trained]
@@ -86,7 +87,7 @@ def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dic
     its IS weight truncates (``is_clip_high_fraction``, None for presets without an IS stage)."""
     out = {}
     for name in PRESET_NAMES:
-        summary = apply_correction(PRESETS[name], batch).metrics.summarize()
+        summary = apply_correction(PRESETS[name], batch).metrics.summary
         out[name] = {"tokens": summary["rejected_tokens"] / trained_tokens if trained_tokens > 0 else 0.0,
                      "sequences": summary["rejected_seq_fraction"],
                      "clipped": summary.get("is_clip_high_fraction")}

@@ -1,10 +1,13 @@
 """Megatron process groups for the hooks (SLIME.md section 1), looked up at call time, never WORLD.
 
-- per-sample values (one copy per context-parallel rank): data-parallel group without CP;
-- pieces of the same sequences (CP shards): the context-parallel group;
-- token sums over all shards of all sequences: DP then CP (equivalently DP x CP).
+The two gathers of :class:`~mismatch_ctrl.dist.Reducers`:
 
-Without an initialised megatron (a single process such as the CPU lab) every reducer is the identity.
+- ``seq``, pieces of the same sequences (CP shards): the context-parallel group;
+- ``batch``, per-sequence values (after ``seq`` identical on every CP rank of a DP rank): the data-parallel group
+  without CP.
+
+Neither group contains tensor-parallel peers (which hold identical data), so nothing is counted twice. Without an
+initialised megatron (a single process such as the CPU lab) both are the identity.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dist import Reducer, group_reducer, local_reduce
+from ..dist import LOCAL, Reducers, group_gather
 
 
 def _parallel_state():
@@ -39,8 +42,7 @@ class Topology:
     pp_size: int = 1
     is_last_stage: bool = True
     is_main_rank: bool = True
-    seq_reduce: Reducer = local_reduce
-    batch_reduce: Reducer = local_reduce
+    reducers: Reducers = LOCAL
 
 
 def topology() -> Topology:
@@ -59,9 +61,10 @@ def topology() -> Topology:
         is_last_stage=is_last,
         is_main_rank=(ps.get_data_parallel_rank(with_context_parallel=True) == 0
                       and ps.get_tensor_model_parallel_rank() == 0 and is_last),
-        seq_reduce=group_reducer(ps.get_context_parallel_group) if cp_size > 1 else local_reduce,
-        batch_reduce=(group_reducer(lambda: ps.get_data_parallel_group(with_context_parallel=False))
-                      if dp_size > 1 else local_reduce),
+        reducers=Reducers(
+            seq=group_gather(ps.get_context_parallel_group) if cp_size > 1 else LOCAL.seq,
+            batch=(group_gather(lambda: ps.get_data_parallel_group(with_context_parallel=False)) if dp_size > 1
+                   else LOCAL.batch)),
     )
 
 

@@ -3,6 +3,10 @@
 slime calls it once per rollout, before any optimizer step, on every last-pipeline-stage rank, with DP-local samples
 and CP-local log-probs; it must set ``rollout_data["advantages"]`` and ``["returns"]`` (one CP-local tensor per
 sample). Extra list-valued keys of ``rollout_data`` are logged by slime as ``rollout/<key>``.
+
+The body is :meth:`~mismatch_ctrl.controllers.ControllerSet.step`: one statistics table and one batch reduction for
+every metric and controller, so a rollout costs two collectives (a gather over the CP group, one over the DP group;
+one without the training log-probs).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..batch import Segments
 from ..errors import InputError
 from ._groups import topology
+from .inputs import check_rollout_data
 from .layout import LocalLayout
 from .runtime import get_runtime
 
@@ -25,7 +31,7 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     config, controllers = runtime.config, runtime.controllers
     topo = topology()
     rollout_id = runtime.next_rollout
-    rewards = rollout_data["rewards"]
+    rewards = check_rollout_data(rollout_data, runtime)
     response_lengths = rollout_data["response_lengths"]
     rollout_log_probs = rollout_data.get("rollout_log_probs")
     if not rollout_log_probs and rewards:
@@ -48,19 +54,16 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     shapes = rollout_data.get("kl") or rollout_log_probs or []
     device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
-    lengths = torch.tensor([float(sum(response_lengths)), float(len(response_lengths))], dtype=torch.float64,
-                           device=device)
-    total_length, count = topo.batch_reduce(lengths, "sum").tolist()
-    step = controllers.step(
-        rollout_id, reward_t, batch,
-        mean_response_length=total_length / count if count else 0.0,
-        max_response_length=getattr(args, "rollout_max_response_len", None),
-        seq_reduce=topo.seq_reduce, batch_reduce=topo.batch_reduce,
-    )
+    step = controllers.step(rollout_id, reward_t, batch, response_lengths,
+                            max_response_length=getattr(args, "rollout_max_response_len", None),
+                            reducers=topo.reducers)
     if step.advantages is not None:
         advs = list(torch.split(step.advantages, layout.sizes))
+    elif shapes:  # slime's built-in GRPO: each sample's reward at each of its (CP-local) tokens
+        segments = batch.segments if batch is not None else Segments(layout.sizes, device)
+        advs = list(torch.split(segments.expand(reward_t).to(shapes[0].dtype), layout.sizes))
     else:
-        advs = [torch.ones_like(shape) * reward_t[i] for i, shape in enumerate(shapes)]
+        advs = []
     rollout_data["advantages"] = advs
     rollout_data["returns"] = list(advs)
     if rewards:

@@ -12,31 +12,31 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..batch import concat_ranges
 
 
-def local_ranges(total_lengths: torch.Tensor, response_lengths: torch.Tensor, cp_rank: int,
-                 cp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def local_ranges(total_lengths: np.ndarray, response_lengths: np.ndarray, cp_rank: int,
+                 cp_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Start and end response positions ``[N, 2]`` of the two pieces rank ``cp_rank`` holds (end <= start: empty)."""
-    total = total_lengths.long()
-    prompt = total - response_lengths.long()
-    chunk = (total + 2 * cp_size - 1) // (2 * cp_size)
-    first_chunk = torch.tensor([cp_rank, 2 * cp_size - 1 - cp_rank], device=total.device)
-    chunk_start = chunk[:, None] * first_chunk[None, :]
-    start = torch.maximum(chunk_start, (prompt - 1)[:, None])
-    end = torch.minimum(chunk_start + chunk[:, None], (total - 1)[:, None])
+    prompt = total_lengths - response_lengths
+    chunk = (total_lengths + 2 * cp_size - 1) // (2 * cp_size)
+    chunk_start = chunk[:, None] * np.array([cp_rank, 2 * cp_size - 1 - cp_rank])[None, :]
+    start = np.maximum(chunk_start, (prompt - 1)[:, None])
+    end = np.minimum(chunk_start + chunk[:, None], (total_lengths - 1)[:, None])
     return start - (prompt - 1)[:, None], end - (prompt - 1)[:, None]
 
 
 def local_index(total_lengths: Sequence[int], response_lengths: Sequence[int], cp_rank: int,
                 cp_size: int) -> tuple[list[int], torch.Tensor]:
-    """CP-local token count per sample and the index of each local token in the concatenated full responses."""
-    total = torch.tensor(list(total_lengths), dtype=torch.long)
-    response = torch.tensor(list(response_lengths), dtype=torch.long)
+    """CP-local token count per sample and the index of each local token in the concatenated full responses
+    (computed on the host from the Python lengths)."""
+    total = np.asarray(total_lengths, dtype=np.int64).reshape(-1)
+    response = np.asarray(response_lengths, dtype=np.int64).reshape(-1)
     start, end = local_ranges(total, response, cp_rank, cp_size)
-    sizes = (end - start).clamp_min(0)
-    offsets = torch.cumsum(response, 0) - response
+    sizes = np.maximum(end - start, 0)
+    offsets = np.cumsum(response) - response
     index = concat_ranges((start + offsets[:, None]).reshape(-1), sizes.reshape(-1))
-    return sizes.sum(dim=1).tolist(), index
+    return sizes.sum(axis=1).tolist(), torch.from_numpy(index)

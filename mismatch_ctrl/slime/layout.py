@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from ..batch import NonFinitePolicy, TokenBatch
+from ..batch import NonFinitePolicy, TokenBatch, flat_cat
 from ..errors import InputError
 from . import cp
 from ._groups import Topology
@@ -34,7 +34,7 @@ class LocalLayout:
                                  "loss masks must cover the full response")
         if self.index is None:
             return list(loss_masks)
-        flat = torch.cat([m.reshape(-1) for m in loss_masks]) if loss_masks else torch.zeros(0)
+        flat = flat_cat(loss_masks) if loss_masks else torch.zeros(0)
         return list(torch.split(flat[self.index.to(flat.device)], self.sizes))
 
     def full_masks(self, loss_masks: Sequence[torch.Tensor], local_keep: torch.Tensor) -> list[torch.Tensor]:
@@ -42,7 +42,7 @@ class LocalLayout:
         they were (slime slices the returned masks back to each rank's own tokens)."""
         if not loss_masks:
             return []
-        flat = torch.cat([m.reshape(-1) for m in loss_masks]).clone()
+        flat = flat_cat(loss_masks).clone()
         keep = local_keep.to(device=flat.device, dtype=flat.dtype)
         if self.index is None:
             flat = keep

@@ -9,6 +9,9 @@ controllers when a checkpoint is being resumed (SLIME.md section 5).
 from __future__ import annotations
 
 import logging
+import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 from ..config import Config, build_config
 from ..controllers import ControllerSet
 from ..errors import ConfigError, StateError
+from ..formatting import brief
 from ..state import StateStore
 
 log = logging.getLogger("mismatch_ctrl")
@@ -26,6 +30,7 @@ TIS_HOOK = f"{HOOKS}.rollout_correction"
 LR_HOOK = f"{HOOKS}.before_train_step"
 INIT_HOOK = f"{HOOKS}.on_megatron_init"
 GRPO_ESTIMATORS = ("grpo", "gspo", "cispo")
+TRACKER = "latest_checkpointed_iteration.txt"
 _ATTR = "_mismatch_ctrl_runtime"
 
 
@@ -56,17 +61,28 @@ def get_runtime(args: Any) -> Runtime:
     return runtime
 
 
+def architecture_source(args: Any) -> dict[str, Any]:
+    """Where the architecture comes from: Megatron's ``--num-experts`` (None for a dense model: Megatron's default),
+    else the Hugging Face ``config.json`` of ``--hf-checkpoint`` (which slime's rollout engines load)."""
+    num_experts = getattr(args, "num_experts", None)
+    if num_experts is None and getattr(args, "hf_checkpoint", None):
+        return {"hf_config": args.hf_checkpoint}
+    return {"num_experts": num_experts}
+
+
 def _create(args: Any) -> Runtime:
     section = getattr(args, "mismatch_ctrl", None)
     if section is None:
         raise ConfigError("args has no 'mismatch_ctrl' settings: pass a YAML with a top-level 'mismatch_ctrl:' key "
                           "with --custom-config-path, e.g. configs/methods/dcgrpo.yaml")
-    config = build_config(section, num_experts=getattr(args, "num_experts", None))
+    config = build_config(section, **architecture_source(args))
     check_slime_args(args, config)
     controllers, next_rollout = _resume(args, config)
     save = getattr(args, "save", None)
     store = StateStore(Path(save) / "mismatch_ctrl", config.state.keep_last) if save else None
-    if store is None and (controllers.dcgrpo or controllers.lr or controllers.acrl):
+    if store is not None:
+        check_writable(store.directory)
+    elif controllers.dcgrpo or controllers.lr or controllers.acrl:
         log.warning("mismatch_ctrl: no --save directory, controller state will not be persisted")
     log.info("mismatch_ctrl: method %r, architecture %s, first rollout %d", config.name, config.architecture,
              next_rollout)
@@ -82,15 +98,16 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
     controllers = ControllerSet(config)
     start = getattr(args, "start_rollout_id", None)
     load = getattr(args, "load", None)
-    tracker = Path(load) / "latest_checkpointed_iteration.txt" if load else None
+    tracker = Path(load) / TRACKER if load else None
     if getattr(args, "finetune", False) or tracker is None or not tracker.is_file():
         return controllers, int(start or 0)
-    iteration = tracker.read_text().strip()
-    if not iteration.isdigit():
+    iteration = read_tracker(tracker)
+    if iteration is None:
+        log.info("mismatch_ctrl: %s names a release checkpoint: the controllers start afresh", tracker)
         return controllers, int(start or 0)
-    iteration = int(iteration)
+    store = StateStore(Path(load) / "mismatch_ctrl")
     try:
-        controllers.load_state_dict(StateStore(Path(load) / "mismatch_ctrl").load(iteration))
+        controllers.load_state_dict(store.load(iteration), f"{store.path(iteration)}: state")
     except StateError as exc:
         if config.state.resume != "fresh":
             raise StateError(f"{exc} To start the controllers from their initial values on purpose, set "
@@ -99,6 +116,36 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
         return ControllerSet(config), iteration + 1
     log.info("mismatch_ctrl: restored controller state of rollout %d from %s", iteration, load)
     return controllers, iteration + 1
+
+
+def read_tracker(path: Path) -> int | None:
+    """The iteration in Megatron's ``latest_checkpointed_iteration.txt`` (None for ``release``); Megatron's own
+    reader accepts an integer or ``release`` and exits on anything else, so :class:`StateError` names the file here,
+    before the controllers silently start afresh."""
+    try:
+        text = path.read_bytes()[:64].decode("utf-8", errors="replace").strip()
+    except OSError as exc:
+        raise StateError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if text == "release":
+        return None
+    if not text.isascii() or not text.isdigit():
+        raise StateError(f"{path}: holds {brief(text, 40)}, not a checkpoint iteration (an integer >= 0, or "
+                         "'release'); Megatron cannot resume from it either: fix the file or point --load at a "
+                         "complete checkpoint")
+    return int(text)
+
+
+def check_writable(directory: Path) -> None:
+    """Create the state directory and write a probe file in it now, so a read-only ``--save`` or a file in the way is
+    reported at init, not after the first rollout's work."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise StateError(f"{directory}: cannot write the controller state there ({exc.strerror or exc}); make --save "
+                         "a writable directory (on a file system every rank shares)") from None
 
 
 def check_slime_args(args: Any, config: Config) -> None:
@@ -123,6 +170,12 @@ def check_slime_args(args: Any, config: Config) -> None:
     if getattr(args, "custom_advantage_function_path", None) == ADVANTAGE_HOOK and estimator not in GRPO_ESTIMATORS:
         raise ConfigError(f"{ADVANTAGE_HOOK} computes GRPO-style advantages; --advantage-estimator {estimator} is not "
                           f"supported (use one of {GRPO_ESTIMATORS})")
+    if config.lr_decay.enabled:
+        lr, min_lr = getattr(args, "lr", None), getattr(args, "min_lr", None)
+        if not (_finite(lr) and lr > 0):
+            raise ConfigError(f"lr_decay scales --lr, which must be a finite number > 0, got {brief(lr)}")
+        if min_lr is not None and not (_finite(min_lr) and min_lr >= 0):
+            raise ConfigError(f"lr_decay scales --min-lr, which must be a finite number >= 0, got {brief(min_lr)}")
     if config.lr_decay.enabled and getattr(args, "decoupled_lr", None) is not None:
         raise ConfigError("lr_decay with --decoupled-lr is not supported: the decoupled param groups cannot be told "
                           "apart in megatron-core 0.16 param groups")
@@ -133,3 +186,7 @@ def check_slime_args(args: Any, config: Config) -> None:
     if config.dcgrpo.enabled and getattr(args, "normalize_advantages", False):
         log.warning("mismatch_ctrl: --normalize-advantages whitens the DC-GRPO-shaped advantages after the hook; "
                     "the penalty then acts relative to the advantage scale")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -4,6 +4,23 @@ slime calls it per micro-batch (twice with ``--recompute-loss-function``) on the
 ``pg_loss`` / log-probs and full-length ``loss_masks``, whenever ``--get-mismatch-metrics`` or ``--use-tis`` is set.
 It returns ``(pg_loss, full-length masks, token-shaped metrics)``; slime logs each metric as ``train/<key>``, averaged
 per sample then over the batch, with the original masks. The hook changes no state.
+
+One call builds one statistics table (metrics and correction together) and makes two collectives: a gather over the
+CP group and one over the DP group, the latter for the batch values (means, diagnostics, batch normalisation). A DP
+collective here is safe because every DP rank calls the hook equally often, in the same order, in every train step
+(slime 624b824a): ``build_dp_schedule`` gives every DP rank the same number of micro-batches per step
+(``slime/utils/dp_schedule.py:25-27``, ``num_mbs_per_rank = K // dp_size`` at :187-189 after aligning K to a multiple
+of ``dp_size``); ``RolloutManager._split_train_data_by_dp`` ships that same ``num_microbatches`` list to every DP rank
+(``slime/ray/rollout.py:773-815``); ``train`` runs the same steps on every rank (``backends/megatron_utils/model.py``
+:827-840), each ``train_one_step`` one ``forward_backward_func`` over ``num_microbatches`` (:647-656) whose loss
+function calls this hook once per micro-batch on the last stage (``loss.py:1050-1078``), and a second time in the
+backward pass under ``--recompute-loss-function`` (``loss.py:1339-1340``), alike on every rank. The batch the values
+are global over is therefore one micro-batch slot: the k-th micro-batch of every DP rank.
+
+Token form of the metrics (see :mod:`mismatch_ctrl.metrics`), as slime reads them after its per-sample and per-batch
+averaging: a mean metric reads as its batch mean over the micro-batch slot's samples; a batch value (``*_max``,
+``*_min``, ``is_ess*``, ``chi2_*``) as that value (each times the fraction of samples with trained tokens, like every
+slime metric), averaged over the step's micro-batches.
 """
 
 from __future__ import annotations
@@ -12,11 +29,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ..correction import apply_correction
+from ..correction import CorrectionPlan, correction_columns
 from ..errors import InputError
-from ..metrics import mismatch_metrics
+from ..metrics import METRIC_COLUMNS, TOKEN_COLUMNS, broadcast_means, mismatch_metrics, token_shaped
+from ..seqstats import Columns, SeqStats, reduce_batch
 from ._groups import topology
 from .advantage import METRIC_PREFIX
+from .inputs import check_tis_inputs
 from .layout import LocalLayout
 from .runtime import get_runtime
 
@@ -34,23 +53,35 @@ def rollout_correction(
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
     """Apply the configured IS/RS correction (or none) to ``pg_loss`` and report the mismatch metrics."""
     runtime = get_runtime(args)
+    check_tis_inputs(pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths)
     topo = topology()
     layout = LocalLayout(total_lengths, response_lengths, topo)
     batch = layout.batch(train_log_probs, rollout_log_probs, loss_masks, runtime.config.nonfinite)
     if pg_loss.numel() != batch.segments.num_tokens:
         raise InputError(f"pg_loss has {pg_loss.numel()} tokens but the samples' log-probs have "
                          f"{batch.segments.num_tokens}")
-    metrics = mismatch_metrics(batch, topo.seq_reduce)
     spec = runtime.controllers.correction()
+    columns = METRIC_COLUMNS | TOKEN_COLUMNS | (correction_columns(spec) if spec.active else Columns())
+    stats = SeqStats.build(batch, columns, topo.reducers)
+    metrics = mismatch_metrics(stats)
+    plan = CorrectionPlan(spec, stats) if spec.active else None
+    reduce_batch(topo.reducers.batch, metrics, plan)
+    dropped = None
+    if metrics.summary["nonfinite_tokens"] > 0:  # somewhere in the batch: rare, so the extra work is no concern
+        dropped = (torch.cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
+    parts = [metrics, plan.metrics] if plan is not None else [metrics]
+    rows = plan.sequence_rows() if plan is not None else []
+    broadcast = broadcast_means(parts, dropped)
+    dtype = batch.mask.dtype
+    tokens = stats.segments.expand(stats.to_device([*rows, *(v for _, v in broadcast)], dtype)).unbind(0) \
+        if rows or broadcast else ()
     keep = batch.mask
-    if spec.active:
-        correction = apply_correction(spec, batch, topo.seq_reduce)
-        metrics.update(correction.metrics)
-        keep = correction.mask
-        pg_loss = torch.where(keep > 0, pg_loss * correction.weights.to(pg_loss.dtype), torch.zeros_like(pg_loss))
-    elif batch.nonfinite_tokens:
-        pg_loss = torch.where(keep > 0, pg_loss, torch.zeros_like(pg_loss))
-    masks = layout.full_masks(loss_masks, keep) if spec.active or batch.nonfinite_tokens else list(loss_masks)
-    token_metrics = {METRIC_PREFIX + name: value.to(pg_loss.dtype)
-                     for name, value in metrics.token_shaped(batch.segments).items()}
-    return pg_loss, masks, token_metrics
+    if plan is not None:
+        correction = plan.finish(tokens[:len(rows)], token_outputs=True)
+        keep = correction.mask  # rejected tokens: weight 0, and 0 loss even where pg_loss is NaN
+        pg_loss = (pg_loss * correction.weights.to(pg_loss.dtype)).masked_fill_(keep == 0, 0.0)
+    elif dropped is not None:
+        pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
+    masks = layout.full_masks(loss_masks, keep) if plan is not None or dropped is not None else list(loss_masks)
+    token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
+    return pg_loss, masks, {METRIC_PREFIX + name: value.to(pg_loss.dtype) for name, value in token_metrics.items()}

@@ -74,7 +74,7 @@ def test_errors_exit_2_with_a_message(tmp_path, capsys):
     assert "--config no_such_method: no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["analyze", str(tmp_path), "--eps", "0"])
-    assert exit_info.value.code == 2 and "must be a number > 0 or 'auto'" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "must be a number > 0 and < 1.0 or 'auto'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["analyze", "--help"])
     assert exit_info.value.code == 0 and "--max-response-len" in capsys.readouterr().out
@@ -95,6 +95,10 @@ def test_a_lab_style_rollout_data_dump_is_analysed(tmp_path, capsys, no_plots):
         write_train_dump(tmp_path, step, *samples_from_rollout_data(data))
     assert main(["analyze", str(tmp_path), "--json", "-"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["counts"] == {"rollouts": 3, "with_train_log_probs": 3, "first": 0, "last": 2, "missing_ids": []}
+    assert result["counts"] == {"rollouts": 3, "first": 0, "last": 2, "missing": {"count": 0, "ranges": [],
+                                                                                 "more_ranges": 0},
+                                "with_train_log_probs": 3, "with_rollout_log_probs": 3, "with_both_log_probs": 3,
+                                "with_trained_tokens": 3, "measured": 3, "nonfinite_tokens": 0, "impossible_tokens": 0,
+                                "nonfinite_rewards": 0}
     assert all(row["files"] == [str(tmp_path / "train_data" / f"{row['rollout_id']}.pt")]
                for row in result["rollouts"])

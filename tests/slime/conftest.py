@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import slime_scenarios
-from slime_worlds import Worlds
+from slime_worlds import CHECKOUT, Worlds
+
+import mismatch_ctrl
 
 BLOCKED = ("megatron", "megatron.core", "megatron.core.parallel_state")
 
@@ -53,13 +55,15 @@ class Runs:
     def __repr__(self) -> str:  # pytest prints fixture arguments in failure reports: keep it short
         return f"Runs({self.workdir})"
 
-    def world(self, world: int, scenario: str) -> list[dict[str, Any]]:
+    def world(self, world: int | str, scenario: str) -> list[dict[str, Any]]:
         return self.worlds.results(world, scenario)
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     """Launch the worlds, compute the single-process reference meanwhile, then wait for the worlds."""
+    module = Path(mismatch_ctrl.__file__).resolve()
+    assert module.is_relative_to(CHECKOUT), f"the tests import mismatch_ctrl from {module}, not from {CHECKOUT}"
     workdir = tmp_path_factory.mktemp("slime_worlds")
     worlds = Worlds(workdir)
     try:

@@ -11,7 +11,8 @@ from slime_data import View
 RTOL, ATOL = 1e-5, 1e-6
 """Tolerance between layouts: CP shards and DP ranks sum the same fp32 pieces in a different order."""
 
-WORLD_IDS = {0: "lab", 1: "world1", 2: "world2_cp2", 4: "world4_dp2xcp2", "w4pp": "world4_pp2xcp2"}
+WORLD_IDS = {0: "lab", 1: "world1", 2: "world2_cp2", 4: "world4_dp2xcp2", "w4pp": "world4_pp2xcp2",
+             "w4tp": "world4_tp2xdp2", "w4tpcp": "world4_tp2xcp2"}
 """Phases of the spawned processes: 0 is megatron imported but not initialised (the CPU lab's path)."""
 
 
@@ -48,4 +49,5 @@ def assert_tree_close(actual: Any, expected: Any, rtol: float = 0.0, atol: float
 
 def rank_name(view: View) -> str:
     stage = "" if view.last_stage else ", not the last pipeline stage"
-    return f"dp {view.dp_rank}/{view.dp_size}, cp {view.cp_rank}/{view.cp_size}{stage}"
+    tp = f", tp {view.tp_rank}/{view.tp_size}" if view.tp_size > 1 else ""
+    return f"dp {view.dp_rank}/{view.dp_size}, cp {view.cp_rank}/{view.cp_size}{tp}{stage}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from argparse import Namespace
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,17 +37,22 @@ PREFIX = "mismatch_ctrl/"
 @dataclass(frozen=True)
 class View:
     """Which share of the global batch a rank sees: its DP rank (without CP) and its CP rank; only ranks of the last
-    pipeline stage see rollout data at all."""
+    pipeline stage see rollout data at all. Tensor-parallel peers (same DP and CP rank) see identical data."""
 
     dp_rank: int = 0
     dp_size: int = 1
     cp_rank: int = 0
     cp_size: int = 1
     last_stage: bool = True
+    tp_rank: int = 0
+    tp_size: int = 1
 
 
 FULL = View()
 """A single process that sees every sample at full length (the reference)."""
+
+COLLECTIVE_CALLS: Counter[str] = Counter()
+"""Calls of ``torch.distributed`` collectives in this process, by name (``slime_worker`` counts them)."""
 
 
 # --- methods ---------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from slime_data import (
+    COLLECTIVE_CALLS,
     FULL,
     PREFIX,
     GlobalBatch,
@@ -28,13 +29,15 @@ from slime_data import (
     make_batch,
     method,
     micro_batches,
+    partition,
     rollout_data,
 )
 
 from mismatch_ctrl.batch import TokenBatch
 from mismatch_ctrl.correction import apply_correction
 from mismatch_ctrl.errors import InputError
-from mismatch_ctrl.metrics import mismatch_metrics
+from mismatch_ctrl.metrics import METRIC_COLUMNS, mismatch_metrics
+from mismatch_ctrl.seqstats import SeqStats
 from mismatch_ctrl.slime import hooks
 from mismatch_ctrl.slime.runtime import get_runtime
 
@@ -65,6 +68,8 @@ CORRECTION_METHODS: dict[str, dict[str, Any]] = {
     "k3_rs": method("grpo", name="k3_rs", correction={"preset": "k3_rs"}, **DCGRPO),
     "none_nonfinite": method("grpo", **DCGRPO),
     "token_tis_nonfinite": method("token_tis", **DCGRPO),
+    "seq_tis_normalized": method("grpo", name="seq_tis_normalized",
+                                 correction={"preset": "seq_tis", "batch_normalize": True}, **DCGRPO),
     "acrl": method("acrl", acrl={"reference": 1.0e-3}),
 }
 
@@ -133,8 +138,9 @@ def run_advantages(name: str, view: View) -> list[dict[str, Any]]:
     out = []
     for r in range(len(NOISE)):
         data = rollout_data(advantage_batch(name, r), view)
+        counted = COLLECTIVE_CALLS.total()
         hooks.advantages(args, data)
-        out.append(snapshot(args, data, r))
+        out.append(dict(snapshot(args, data, r), collectives=COLLECTIVE_CALLS.total() - counted))
     return out
 
 
@@ -181,35 +187,52 @@ def run_correction(case: str, view: View) -> dict[str, Any]:
         calls = []
         for _ in range(2):
             pg = pg_in.clone().requires_grad_(True)
+            counted = COLLECTIVE_CALLS.total()
             pg_out, new_masks, metrics = hooks.rollout_correction(args, pg_loss=pg, **kwargs)
+            collectives = COLLECTIVE_CALLS.total() - counted
             requires_grad = pg_out.requires_grad
             pg_out.sum().backward()
             calls.append({"pg_out": pg_out.detach(), "masks": [m.clone() for m in new_masks],
                           "metrics": {k: v.detach() for k, v in metrics.items()}, "grad": pg.grad,
-                          "requires_grad": requires_grad,
+                          "requires_grad": requires_grad, "collectives": collectives,
                           "inputs_unchanged": all(torch.equal(a, b) for a, b in zip(kwargs["loss_masks"], masks))})
         out.append({"samples": samples, "pg_in": pg_in, "calls": calls})
     return {"micro_batches": out, "before": before, "after": runtime_state(args)}
 
 
-def correction_reference(case: str) -> dict[str, Any]:
-    """The core computation on the full batch of ``case``: ``apply_correction`` and ``mismatch_metrics`` with the
-    IS/RS settings the controllers hold after the same advantage-hook rollout (single process, full sequences)."""
+def correction_reference(case: str, dp_size: int) -> dict[str, Any]:
+    """The core on full sequences, single process, for ``case`` with the IS/RS settings the controllers hold after the
+    same advantage-hook rollout: ``apply_correction`` and the mismatch metrics on the whole batch (``full``) and on
+    each micro-batch slot of a world with ``dp_size`` data-parallel ranks (the samples of the k-th micro-batch of every
+    DP rank: what one TIS-hook call sees over the DP group, batch values and batch normalisation included)."""
     batch = correction_batch(case)
     args = make_args(CORRECTION_METHODS[case])
     hooks.advantages(args, rollout_data(batch, FULL))
     runtime = get_runtime(args)
     spec = runtime.controllers.correction()
-    tb = TokenBatch.from_lists(batch.train, batch.rollout, batch.loss_masks, runtime.config.nonfinite)
-    metrics = mismatch_metrics(tb)
-    weights = keep = tb.mask
-    if spec.active:
-        correction = apply_correction(spec, tb)
-        metrics.update(correction.metrics)
-        weights, keep = correction.weights, correction.mask
-    return {"spec": spec, "weights": tb.segments.split(weights), "keep": tb.segments.split(keep),
-            "per_sample": {k: v.tolist() for k, v in metrics.mean.items()}, "summary": metrics.summarize(),
-            "valid": float((metrics.counts > 0).sum())}
+
+    def core(samples: list[int]) -> dict[str, Any]:
+        tb = TokenBatch.from_lists([batch.train[g] for g in samples], [batch.rollout[g] for g in samples],
+                                   [batch.loss_masks[g] for g in samples], runtime.config.nonfinite)
+        metrics = mismatch_metrics(SeqStats.build(tb, METRIC_COLUMNS))
+        summary = dict(metrics.summarize())
+        per_sample = {k: v.tolist() for k, v in metrics.mean.items()}
+        weights = keep = tb.mask
+        if spec.active:
+            correction = apply_correction(spec, tb)
+            summary.update(correction.metrics.summary)
+            per_sample.update({k: v.tolist() for k, v in correction.metrics.mean.items()})
+            weights, keep = correction.weights, correction.mask
+        totals = {"trained_tokens", "nonfinite_tokens", "rejected_tokens", "valid_sequences"}
+        return {"samples": samples, "weights": dict(zip(samples, tb.segments.split(weights))),
+                "keep": dict(zip(samples, tb.segments.split(keep))),
+                "per_sample": {k: dict(zip(samples, v)) for k, v in per_sample.items()}, "summary": summary,
+                "names": sorted(name for name in summary if name not in totals),
+                "valid": summary["valid_sequences"]}
+
+    ranks = partition(batch.size, dp_size)
+    slots = [[ranks[r][j] for r in range(dp_size) for j in micro_batches(ranks[r])[k]] for k in range(2)]
+    return {"spec": spec, "full": core(list(range(batch.size))), "slots": [core(samples) for samples in slots]}
 
 
 # --- learning rate ---------------------------------------------------------------------------------------------------
@@ -369,7 +392,8 @@ def run_scenario(name: str, view: View, workdir: Path, rank: int, barrier: Barri
 def reference(workdir: Path) -> dict[str, Any]:
     """The single-process results (all samples, full length) of every scenario; no megatron, no optimizer."""
     out: dict[str, Any] = {f"advantages/{name}": run_advantages(name, FULL) for name in ADVANTAGE_METHODS}
-    out.update({f"correction/{case}": correction_reference(case) for case in CORRECTION_METHODS})
+    out.update({f"correction/{case}": {dp: correction_reference(case, dp) for dp in (1, 2)}
+                for case in CORRECTION_METHODS})
     out.update({f"lr/{name}": run_lr(name, FULL, optimizer=False) for name in LR_METHODS})
     args = make_args(RESUME_METHOD, save_interval=SAVE_INTERVAL, num_rollout=RESUME_ROLLOUTS)
     hooks.on_megatron_init(args)

@@ -2,9 +2,14 @@
 
 Importing megatron costs seconds of CPU per process, so one launcher (``slime_worker.py``) imports it once and forks
 four processes that serve all worlds in turn (:data:`PHASES`): world 4 as DP 2 x CP 2, then as PP 2 x CP 2 (the LR
-scenarios only), world 2 as CP 2, world 1 as TP = PP = CP = 1, and the lab phase (megatron imported, no process
-group). Each world gets its own free port. The launcher stops everything when a process fails or at its deadline;
-the pytest process waits a little longer, then ends the launcher's session (process group) itself.
+scenarios only), as TP 2 x DP 2 and as TP 2 x CP 2 (the flagship's tensor parallelism: the advantage and correction
+scenarios), world 2 as CP 2, world 1 as TP = PP = CP = 1, and the lab phase (megatron imported, no process group).
+Each world gets its own free port. The launcher stops everything when a process fails or at its deadline; the pytest
+process waits a little longer, then ends the launcher's session (process group) itself.
+
+The launcher runs with this checkout first on ``PYTHONPATH``, so it imports the code under test even where another
+copy of ``mismatch_ctrl`` is installed; :meth:`Worlds.results` checks the file each rank imported, so every test that
+reads a world's results asserts it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ import torch
 from slime_scenarios import SCENARIOS
 
 WORKER = Path(__file__).resolve().parent / "slime_worker.py"
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The repository under test (its ``mismatch_ctrl`` package is what every process must import)."""
 PIPELINE_SCENARIOS = ["lr/auto", "lr/manual"]
+TENSOR_PARALLEL_SCENARIOS = [s for s in SCENARIOS if s.startswith(("advantages/", "correction/"))]
 
 
 @dataclass(frozen=True)
@@ -34,12 +42,15 @@ class Phase:
     size: int
     cp: int = 1
     pp: int = 1
+    tp: int = 1
     scenarios: tuple[str, ...] = tuple(SCENARIOS)
 
 
 PHASES = [
     Phase("w4", 4, cp=2),
     Phase("w4pp", 4, cp=2, pp=2, scenarios=tuple(PIPELINE_SCENARIOS)),
+    Phase("w4tp", 4, tp=2, scenarios=tuple(TENSOR_PARALLEL_SCENARIOS)),
+    Phase("w4tpcp", 4, tp=2, cp=2, scenarios=tuple(TENSOR_PARALLEL_SCENARIOS)),
     Phase("w2", 2, cp=2),
     Phase("w1", 1),
     Phase("lab", 0),
@@ -70,7 +81,7 @@ def plan() -> list[list[dict[str, Any]]]:
     processes: list[list[dict[str, Any]]] = [[] for _ in range(max(p.size for p in PHASES))]
     for phase in PHASES:
         port = free_port() if phase.size else 0
-        common = {"name": phase.name, "world": phase.size, "cp": phase.cp, "pp": phase.pp, "port": port,
+        common = {"name": phase.name, "world": phase.size, "tp": phase.tp, "cp": phase.cp, "pp": phase.pp, "port": port,
                   "scenarios": [s for s in phase.scenarios if s != "bad_input_cp" or phase.cp > 1]}
         if phase.size == 0:
             processes[1].append(dict(common, rank=0))
@@ -86,7 +97,8 @@ class Worlds:
         self.out = out
         self.log = out / "worlds.log"
         self.problem: str | None = None
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=path)
         with open(self.log, "wb") as f:
             self.proc = subprocess.Popen(
                 [sys.executable, str(WORKER), "--out", str(out), "--plan", json.dumps(plan()),
@@ -129,4 +141,9 @@ class Worlds:
         if missing:
             raise WorkerFailure(f"no result for {phase.name}/{scenario} ({missing[0].name} missing); "
                                 f"{self.problem or 'the launcher finished'}\n{self.diagnosis()}")
-        return [torch.load(p, weights_only=False) for p in paths]
+        results = [torch.load(p, weights_only=False) for p in paths]
+        for path, result in zip(paths, results):
+            module = Path(result["module"]).resolve()
+            assert module.is_relative_to(CHECKOUT), \
+                f"{path}: the spawned process imported mismatch_ctrl from {module}, not from the checkout {CHECKOUT}"
+        return results

@@ -1,7 +1,8 @@
 """The advantage hook on every rank of real megatron worlds equals the single-process hook on the global batch.
 
-Worlds: TP = PP = CP = 1; CP 2; DP 2 x CP 2 (real ``megatron.core.parallel_state`` over gloo), plus megatron imported
-but not initialised (the CPU lab). The reference is the same hook in the pytest process with megatron blocked, on
+Worlds: TP = PP = CP = 1; CP 2; DP 2 x CP 2; TP 2 x DP 2; TP 2 x CP 2 (real ``megatron.core.parallel_state`` over
+gloo; tensor-parallel peers hold identical data and must not be counted twice), plus megatron imported but not
+initialised (the CPU lab). The reference is the same hook in the pytest process with megatron blocked, on
 all samples at full length, sliced afterwards to each rank's samples and our own zigzag CP positions.
 """
 
@@ -15,7 +16,9 @@ from slime_compare import WORLD_IDS, assert_tree_close, rank_name, tolerance
 from slime_data import PREFIX, View, cp_positions, cp_slice, local_samples, partition
 from slime_scenarios import ADVANTAGE_METHODS, NOISE, advantage_batch
 
-ALL_WORLDS = [0, 1, 2, 4]
+ALL_WORLDS = [0, 1, 2, 4, "w4tp", "w4tpcp"]
+LAYOUTS = {1: (1, 1), 2: (1, 2), 4: (1, 2), "w4tp": (2, 1), "w4tpcp": (2, 2)}
+"""World -> (TP, CP) sizes; DP is the rest of the 4 (or 2, 1) processes."""
 WITHOUT_DCGRPO = ["grpo", "acrl"]
 DCGRPO_METHODS = [m for m in ADVANTAGE_METHODS if m not in WITHOUT_DCGRPO]
 
@@ -27,12 +30,15 @@ def local_reference(full: list[torch.Tensor], name: str, r: int, view: View) -> 
             for g in local_samples(batch, view)]
 
 
-@pytest.mark.parametrize("world", [1, 2, 4], ids=WORLD_IDS.get)
+@pytest.mark.parametrize("world", list(LAYOUTS), ids=WORLD_IDS.get)
 def test_megatron_layout_of_the_worlds(runs, world):
-    """The ranks see the DP x CP layout megatron promises (so the comparisons below cover what they claim)."""
-    views = {r["view"] for r in runs.world(world, "advantages/grpo")}
-    cp = 1 if world == 1 else 2
-    assert views == {View(d, world // cp, c, cp) for d in range(world // cp) for c in range(cp)}
+    """The ranks see the TP x DP x CP layout megatron promises (so the comparisons below cover what they claim)."""
+    views = [r["view"] for r in runs.world(world, "advantages/grpo")]
+    tp, cp = LAYOUTS[world]
+    size = len(views)
+    dp = size // (tp * cp)
+    assert sorted(views, key=repr) == sorted((View(d, dp, c, cp, True, t, tp) for d in range(dp) for c in range(cp)
+                                              for t in range(tp)), key=repr)
 
 
 def test_dp_partition_splits_prompt_groups():
@@ -65,7 +71,7 @@ def test_advantages_equal_the_single_process_reference(runs, name, world):
             assert_tree_close(got["lr_scale"], ref["lr_scale"], rtol, atol, f"{where} lr_scale")
 
 
-@pytest.mark.parametrize("world", [2, 4], ids=WORLD_IDS.get)
+@pytest.mark.parametrize("world", [2, 4, "w4tp", "w4tpcp"], ids=WORLD_IDS.get)
 @pytest.mark.parametrize("name", list(ADVANTAGE_METHODS))
 def test_controller_state_identical_on_every_rank(runs, name, world):
     """lambda, eps, the LR scale, the whole state dict and every metric are bit-identical across ranks."""
@@ -140,3 +146,15 @@ def test_nonfinite_log_probs_are_counted_and_kept_out(runs, world):
             assert expected > 0
             assert got["metrics"][PREFIX + "nonfinite_tokens"][0] == expected
             assert all(bool(torch.isfinite(a).all()) for a in got["advantages"])
+
+
+@pytest.mark.parametrize("world", ALL_WORLDS, ids=WORLD_IDS.get)
+@pytest.mark.parametrize("name", list(ADVANTAGE_METHODS))
+def test_each_rollout_reduces_once_over_cp_and_once_over_dp(runs, name, world):
+    """One gather over the context-parallel group (if CP > 1) completes the statistics table, one over the
+    data-parallel group (if DP > 1) all the batch numbers, the mean response length included: at most 2 collectives
+    per rollout (issue 11's budget is 3)."""
+    for rank in runs.world(world, f"advantages/{name}"):
+        view = rank["view"]
+        expected = (view.cp_size > 1) + (view.dp_size > 1)
+        assert [r["collectives"] for r in rank["result"]] == [expected] * len(NOISE), rank_name(view)

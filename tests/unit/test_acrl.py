@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference as ref
-from mismatch_ctrl.acrl import ACRLSettings, BandController, sequence_level_discrepancy
+from measure import discrepancy as sequence_level_discrepancy
+from mismatch_ctrl.acrl import ACRLSettings, BandController
 from mismatch_ctrl.batch import TokenBatch
 from mismatch_ctrl.correction import apply_correction
 from mismatch_ctrl.sketch import BINS, HIGH, LOW

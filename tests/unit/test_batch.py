@@ -7,14 +7,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from measure import discrepancy
+from measure import metrics as mismatch_metrics
+from measure import shaped as shape_advantages
 from mismatch_ctrl.batch import Segments, TokenBatch
 from mismatch_ctrl.correction import apply_correction
-from mismatch_ctrl.dcgrpo import DCGRPOSettings, shape_advantages
+from mismatch_ctrl.dcgrpo import DCGRPOSettings
 from mismatch_ctrl.errors import InputError
-from mismatch_ctrl.metrics import mismatch_metrics
 from mismatch_ctrl.presets import PRESETS
 
 from .inputs import raw_batches
+
+pytestmark = pytest.mark.filterwarnings("ignore:mismatch_ctrl. trained tokens with a NaN/inf:RuntimeWarning")
 
 
 def pad(tensors, width, value):
@@ -26,7 +30,7 @@ def pad(tensors, width, value):
 
 def assert_same_batch(a: TokenBatch, b: TokenBatch):
     assert a.segments.sizes == b.segments.sizes
-    for name in ("train_log_probs", "rollout_log_probs", "mask", "log_ratio", "nonfinite"):
+    for name in ("train_log_probs", "rollout_log_probs", "mask", "log_ratio", "nonfinite", "impossible"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
@@ -132,6 +136,51 @@ def test_nonfinite_policy_error_names_the_sample(bad):
         TokenBatch.from_lists(train, rollout, masks, nonfinite="error")
 
 
+def test_impossible_log_probs_are_dropped_and_counted_and_rounding_reads_as_zero():
+    """A log-prob of 0.5 (p = 1.65) is impossible: dropped like a NaN and counted in both counters; 4e-4 is rounding
+    of a near-certain token (<= LOG_PROB_TOLERANCE): kept as 0. The statistics equal those without the dropped
+    token, and the warning says what happened."""
+    train = [torch.tensor([-0.5, 4e-4]), torch.tensor([-0.2, 0.5, -3.0])]
+    rollout = [torch.tensor([-0.6, -1e-3]), torch.tensor([-0.2, -0.3, 2e-4])]
+    masks = [torch.ones(2), torch.ones(3)]
+    with pytest.warns(RuntimeWarning, match="impossible"):
+        batch = TokenBatch.from_lists(train, rollout, masks)
+    assert batch.mask.tolist() == [1, 1, 1, 0, 1]
+    assert batch.nonfinite.tolist() == [0, 1] and batch.impossible.tolist() == [0, 1]
+    assert batch.train_log_probs.tolist()[1] == 0.0 and batch.rollout_log_probs.tolist()[4] == 0.0
+    assert bool((batch.train_log_probs <= 0).all() and (batch.rollout_log_probs <= 0).all())
+    expected = TokenBatch.from_lists([torch.tensor([-0.5, 0.0]), torch.tensor([-0.2, -3.0])],
+                                     [torch.tensor([-0.6, -1e-3]), torch.tensor([-0.2, 0.0])], [torch.ones(2)] * 2)
+    summary, clean = mismatch_metrics(batch).summarize(), mismatch_metrics(expected).summarize()
+    assert summary["prob_diff_max"] <= 1.0 and summary["nonfinite_tokens"] == 1
+    for name, value in clean.items():
+        if name != "nonfinite_tokens":
+            assert summary[name] == pytest.approx(value, rel=1e-6), name
+
+
+def test_impossible_log_prob_with_the_error_policy_names_the_sample():
+    train = [torch.tensor([-0.5]), torch.tensor([-0.2, -0.1, 3.0])]
+    rollout = [torch.tensor([-0.6]), torch.tensor([-0.2, -0.3, -1.0])]
+    with pytest.raises(InputError, match=r"sample 1: impossible log-prob \(above 0\) at response token 2 "
+                                         r"\(train_log_probs=3.0, rollout_log_probs=-1.0\)"):
+        TokenBatch.from_lists(train, rollout, [torch.ones(1), torch.ones(3)], nonfinite="error")
+
+
+@pytest.mark.parametrize("value", [2, -1, 0.5, math.nan])
+def test_loss_mask_values_other_than_0_and_1_are_an_error(value):
+    masks = [torch.ones(2), torch.tensor([1.0, 0.0, value])]
+    with pytest.raises(InputError, match=r"sample 1: loss mask value other than 0/1 at response token 2 "
+                                         rf"\(loss_masks={value:g}\); loss masks must be 0 or 1"):
+        TokenBatch.from_lists([torch.zeros(2), torch.zeros(3)], [torch.zeros(2), torch.zeros(3)], masks)
+    batch = TokenBatch.from_lists([torch.zeros(2)], [torch.zeros(2)], [torch.tensor([True, False])])
+    assert batch.mask.tolist() == [1.0, 0.0]
+
+
+def test_per_sample_entries_must_be_tensors():
+    with pytest.raises(InputError, match="sample 1: rollout_log_probs must be a tensor, got list"):
+        TokenBatch.from_lists([torch.zeros(1)] * 2, [torch.zeros(1), [0.0]], [torch.ones(1)] * 2)
+
+
 @pytest.mark.parametrize("nonfinite", ["mask", "error"])
 def test_nonfinite_values_at_masked_out_positions_are_ignored(nonfinite):
     train = [torch.tensor([-0.5, math.nan, -1.0])]
@@ -161,8 +210,6 @@ def test_empty_batch():
 
 
 def test_batch_without_trained_tokens():
-    from mismatch_ctrl.acrl import sequence_level_discrepancy
-
     train = [torch.tensor([-0.5, -1.0]), torch.zeros(0), torch.tensor([-3.0])]
     rollout = [torch.tensor([-0.6, -1.4]), torch.zeros(0), torch.tensor([-1.0])]
     batch = TokenBatch.from_lists(train, rollout, [torch.zeros(2), torch.zeros(0), torch.zeros(1)])
@@ -174,7 +221,7 @@ def test_batch_without_trained_tokens():
         assert all(math.isfinite(v) for v in result.metrics.summarize().values())
     shaped = shape_advantages(batch, torch.tensor([1.0, 1.0, -1.0]), DCGRPOSettings(), 0.5, 0.01)
     assert shaped.discrepancy is None and shaped.penalty_share == 0.0
-    assert sequence_level_discrepancy(batch) is None
+    assert discrepancy(batch) is None
 
 
 def test_segment_sums_are_differentiable_and_exact_across_block_boundaries():
@@ -189,6 +236,6 @@ def test_segment_sums_are_differentiable_and_exact_across_block_boundaries():
     torch.testing.assert_close(got, expected)
     (got * weights).sum().backward()
     torch.testing.assert_close(x.grad, segments.expand(weights))
-    maxima = segments.max(x.detach(), empty=-7.0)
-    torch.testing.assert_close(maxima, torch.stack([p.max() if p.numel() else torch.tensor(-7.0, dtype=torch.float64)
-                                                    for p in x.detach().split(sizes)]))
+    maxima = segments.max_rows(x.detach().unsqueeze(0))[:, 0]
+    empty = torch.tensor(-math.inf, dtype=torch.float64)
+    torch.testing.assert_close(maxima, torch.stack([p.max() if p.numel() else empty for p in x.detach().split(sizes)]))

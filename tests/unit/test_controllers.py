@@ -29,7 +29,7 @@ def run(controllers: ControllerSet, steps: range):
     out = []
     for k in steps:
         raw, advantages, _ = rollout(k)
-        out.append(controllers.step(k, advantages, raw.token_batch(), LENGTHS[k], 4096.0))
+        out.append(controllers.step(k, advantages, raw.token_batch(), [LENGTHS[k]], 4096.0))
     return out
 
 
@@ -38,7 +38,7 @@ def test_step_composes_metrics_shaping_dual_update_lr_and_band():
     controllers = ControllerSet(config)
     lam_before = controllers.dcgrpo.lam
     raw, advantages, advantage_rows = rollout(0)
-    step = controllers.step(0, advantages, raw.token_batch(), 1000.0, 4096.0)
+    step = controllers.step(0, advantages, raw.token_batch(), [1000.0], 4096.0)
     seqs = raw.seqs()
     shaped, c_bar, pen_mean, share = ref.shape_advantages(
         seqs, advantage_rows, "prob_diff", "lagrangian", "seq_mean", lam_before, 0.004)
@@ -61,11 +61,11 @@ def test_step_composes_metrics_shaping_dual_update_lr_and_band():
 def test_grpo_leaves_the_advantages_and_logs_no_multiplier():
     controllers = ControllerSet(build_config({}))
     raw, advantages, _ = rollout(1)
-    step = controllers.step(0, advantages, raw.token_batch(), 500.0)
+    step = controllers.step(0, advantages, raw.token_batch(), [500.0])
     assert step.advantages is None
     assert step.metrics["lr_scale"] == 1.0 and step.metrics["discrepancy"] > 0
     assert not {"lambda", "lambda_next", "eps", "violation", "penalty_share"} & set(step.metrics)
-    assert controllers.step(1, advantages, None, 500.0).metrics["lr_scale"] == 1.0
+    assert controllers.step(1, advantages, None, [500.0]).metrics["lr_scale"] == 1.0
 
 
 def test_eps_and_violation_are_not_logged_while_eps_auto_calibrates():
@@ -84,7 +84,7 @@ def test_eps_and_violation_are_not_logged_while_eps_auto_calibrates():
 def test_missing_train_log_probs_are_refused_when_needed():
     controllers = ControllerSet(build_config({"architecture": "dense", "dcgrpo": {"enabled": True}}))
     with pytest.raises(ValueError, match="need the training engine's log-probs"):
-        controllers.step(0, torch.zeros(3), None, 100.0)
+        controllers.step(0, torch.zeros(3), None, [100.0])
 
 
 @pytest.mark.parametrize("cut", [1, 3, 8, 20])
@@ -106,7 +106,8 @@ def test_state_round_trips_through_json_and_continues_identically(cut):
 def test_state_of_another_method_is_refused():
     dcgrpo_only = ControllerSet(build_config({"architecture": "moe", "dcgrpo": {"enabled": True}}))
     full = ControllerSet(build_config(FULL))
-    with pytest.raises(StateError, match="saved state has acrl disabled but the configuration has it enabled"):
+    with pytest.raises(StateError, match="state.acrl: the saved state has acrl disabled but the configuration has it "
+                                         "enabled"):
         full.load_state_dict(dcgrpo_only.state_dict())
-    with pytest.raises(StateError, match="saved dcgrpo state is corrupt"):
+    with pytest.raises(StateError, match="state.dcgrpo.eps: missing"):
         dcgrpo_only.load_state_dict({**dcgrpo_only.state_dict(), "dcgrpo": {"lam": 0.1}})

@@ -1,6 +1,7 @@
 """Rollout correction (ALGORITHMS.md section 3): weights, modified mask and metrics of every preset and of random
 explicit specs against the reference; batch normalisation; all-rejected batches."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 import reference as ref
 from mismatch_ctrl.batch import TokenBatch
-from mismatch_ctrl.correction import LEVELS, MODES, CorrectionSpec, apply_correction
+from mismatch_ctrl.correction import LEVELS, MODES, NORMALIZE_MIN_MEAN, CorrectionSpec, apply_correction
 from mismatch_ctrl.presets import PRESETS
 
 from .inputs import random_batch, raw_batches
@@ -55,9 +56,11 @@ def check_against_reference(spec: CorrectionSpec, raw) -> None:
     for name, values in got.items():
         expected = torch.tensor([row[name] for row in rows], dtype=torch.float64)
         torch.testing.assert_close(values.double(), expected, rtol=1e-4, atol=1e-6, msg=name)
-    summary = result.metrics.summarize()
+    summary = result.metrics.summary
     expected = ref.summarize(rows, [s.count for s in seqs])
     for name, value in expected.items():
+        assert summary[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    for name, value in ref.correction_diagnostics(weights, keep, seqs).items():
         assert summary[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     # Invariants: rejection only removes tokens; weights live on the kept tokens and are finite.
     assert bool((result.mask <= batch.mask).all())
@@ -122,18 +125,26 @@ def test_veto_rejects_the_whole_sequence():
 @settings(max_examples=15, deadline=None)
 @given(raw=raw_batches(min_seqs=1))
 def test_batch_normalisation_gives_mean_one(level, raw):
+    """Without rejection the kept weights are the IS weights of the trained tokens (sequences): mean 1 after
+    normalisation, unless their mean was at most slime's threshold (then they stay as they are)."""
     spec = CorrectionSpec(is_level=level, is_mode="truncate", is_high=2.0, batch_normalize=True)
     batch = raw.token_batch()
     result = apply_correction(spec, batch)
+    plain = apply_correction(dataclasses.replace(spec, batch_normalize=False), batch)
     kept = result.mask > 0
     if not bool(kept.any()):
         return
-    if level == "token":
-        assert float(result.weights[kept].double().mean()) == pytest.approx(1.0, rel=1e-5)
+
+    def mean(weights: torch.Tensor) -> float:
+        if level == "token":
+            return float(weights[kept].double().mean())
+        per_seq = [w[m > 0] for w, m in zip(batch.segments.split(weights), batch.segments.split(result.mask))]
+        return float(torch.stack([w[0] for w in per_seq if w.numel()]).double().mean())
+
+    if mean(plain.weights) > NORMALIZE_MIN_MEAN:
+        assert mean(result.weights) == pytest.approx(1.0, rel=1e-5)
     else:
-        per_seq = [w[m > 0] for w, m in zip(batch.segments.split(result.weights), batch.segments.split(result.mask))]
-        seq_weights = torch.stack([w[0] for w in per_seq if w.numel()])
-        assert float(seq_weights.double().mean()) == pytest.approx(1.0, rel=1e-5)
+        assert torch.equal(result.weights, plain.weights)
 
 
 REJECT_ALL = {
@@ -174,3 +185,39 @@ def test_rejected_tokens_of_a_random_batch_are_counted():
     summary = result.metrics.summarize()
     rejected = float((raw.token_batch().mask - result.mask).sum())
     assert rejected > 0 and summary["rejected_tokens"] == rejected
+
+
+def test_diagnostics_of_known_weights():
+    """token_tis (truncate at 2) on ratios 1, e (-> 2), 0.5 and 1, 1: w = 1, 2, 0.5, 1, 1 over five trained tokens."""
+    l = [0.0, 1.0, math.log(0.5), 0.0, 0.0]
+    train = [torch.tensor(l[:3]) - 1.0, torch.tensor(l[3:]) - 1.0]
+    rollout = [torch.full((3,), -1.0), torch.full((2,), -1.0)]
+    batch = TokenBatch.from_lists(train, rollout, [torch.ones(3), torch.ones(2)])
+    summary = apply_correction(PRESETS["token_tis"], batch).metrics.summary
+    s1, s2 = 5.5, 7.25
+    assert summary["is_ess"] == pytest.approx(s1 * s1 / (5 * s2))
+    assert summary["chi2_token"] == pytest.approx(5 * s2 / s1**2 - 1)
+    seq = [3.5 / 3, 1.0]  # mean token weight per sequence
+    ess_seq = sum(seq) ** 2 / (2 * sum(w * w for w in seq))
+    assert summary["is_ess_seq"] == pytest.approx(ess_seq) and summary["chi2_seq"] == pytest.approx(1 / ess_seq - 1)
+    assert (summary["is_weight_min"], summary["is_weight_max"]) == pytest.approx((0.5, 2.0))
+
+
+def test_rejections_are_attributed_to_their_stage():
+    """Sequence 0 has a catastrophic token (veto), 1 a geometric ratio outside the RS band, 2 one token of ten outside
+    the IS mask band [0.5, 2] (token level; its geometric ratio e^0.08 is inside the RS band), 3 nothing: each stage
+    reports what it rejects itself."""
+    spec = CorrectionSpec(is_level="token", is_mode="mask", is_low=0.5, is_high=2.0, rs_level="geometric",
+                          rs_low=0.9, rs_high=1.1, veto=1e-4)
+    l = [[0.0, -12.0, 12.0], [0.5, 0.5, 0.5], [0.8] + [0.0] * 9, [0.0, 0.0]]
+    train = [torch.tensor(x) - 13.0 for x in l]
+    rollout = [torch.full((len(x),), -13.0) for x in l]
+    result = apply_correction(spec, TokenBatch.from_lists(train, rollout, [torch.ones(len(x)) for x in l]))
+    mean = {k: v.tolist() for k, v in result.metrics.mean.items()}
+    assert mean["veto_seq_fraction"] == [1.0, 0.0, 0.0, 0.0]
+    assert mean["rs_rejected_seq_fraction"] == [0.0, 1.0, 0.0, 0.0]
+    assert mean["rs_rejected_token_fraction"] == [0.0, 1.0, 0.0, 0.0]
+    assert mean["tis_rejected_token_fraction"] == pytest.approx([2 / 3, 0.0, 0.1, 0.0])
+    assert "tis_rejected_seq_fraction" not in mean  # a token-level stage rejects no sequence
+    assert mean["rejected_seq_fraction"] == [1.0, 1.0, 0.0, 0.0]
+    assert mean["rejected_token_fraction"] == pytest.approx([1.0, 1.0, 0.1, 0.0])

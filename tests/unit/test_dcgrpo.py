@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference as ref
-from mismatch_ctrl.dcgrpo import PENALTY_FORMS, DCGRPOSettings, LagrangeController, shape_advantages
+from measure import shaped as shape_advantages
+from mismatch_ctrl.dcgrpo import PENALTY_FORMS, DCGRPOSettings, LagrangeController
 from mismatch_ctrl.signals import SIGNALS
 
 from .inputs import raw_batches, seq_advantages

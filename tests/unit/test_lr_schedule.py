@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import reference as ref
+from mismatch_ctrl.errors import StateError
 from mismatch_ctrl.lr_schedule import LengthDecaySettings, LengthTriggeredLR, SurgeSettings, decay_scale
 
 MAX_LENGTH = 8192
@@ -119,7 +120,7 @@ def test_state_round_trips_through_json_and_continues_identically(cut):
 def test_manual_and_auto_states_do_not_mix():
     auto = LengthTriggeredLR(LengthDecaySettings(enabled=True))
     manual = LengthTriggeredLR(LengthDecaySettings(enabled=True, period=100))
-    with pytest.raises(ValueError, match="manual vs auto"):
+    with pytest.raises(StateError, match="manual vs auto"):
         manual.load_state_dict(auto.state_dict())
-    with pytest.raises(KeyError, match="unknown surge-detector state key 'bogus'"):
-        auto.load_state_dict({"detector": {"bogus": 1}})
+    with pytest.raises(StateError, match="lr_decay.detector.bogus: unknown key"):
+        auto.load_state_dict({"detector": {**auto.state_dict()["detector"], "bogus": 1}})

@@ -5,17 +5,19 @@ import torch
 from hypothesis import given, settings
 
 import reference as ref
+from measure import metrics as mismatch_metrics
 from mismatch_ctrl.batch import TokenBatch
-from mismatch_ctrl.metrics import SeqMetrics, mismatch_metrics
+from mismatch_ctrl.metrics import SeqMetrics, broadcast_means, token_shaped
 
 from .inputs import random_batch, raw_batches
 
 NAMES = {"training_log_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff", "kl", "k3_kl", "prob_diff_mean",
-         "logprob_abs_diff", "prob_diff_max", "trained_tokens", "nonfinite_tokens"}
+         "logprob_abs_diff", "prob_diff_max", "log_ppl_diff_max", "log_ppl_diff_min", "trained_tokens",
+         "nonfinite_tokens"}
 
 
 def per_sequence(metrics: SeqMetrics) -> dict[str, torch.Tensor]:
-    return {**metrics.mean, **metrics.max, **metrics.total}
+    return {**metrics.mean, **metrics.max, **metrics.min, **metrics.total}
 
 
 @settings(max_examples=40, deadline=None)
@@ -64,11 +66,15 @@ def test_sequence_mean_is_a_mean_over_sequences_not_tokens():
 @settings(max_examples=20, deadline=None)
 @given(raw_batches(min_seqs=1))
 def test_token_shaped_metrics_average_back_to_the_summary(raw):
-    """slime's default reducer (per-sequence mean, then mean over sequences) recovers the summary."""
+    """slime's default reducer (per-sequence mean, then mean over sequences) recovers the summary: for every mean
+    metric (token values or per-sequence values at the tokens) and every batch value (the value at every token)."""
     batch = raw.token_batch()
     metrics = mismatch_metrics(batch)
-    shaped = metrics.token_shaped(batch.segments)
-    summary = metrics.summarize()
+    broadcast = broadcast_means([metrics])
+    expanded = batch.segments.expand(metrics.stats.to_device([v for _, v in broadcast], torch.float32)).unbind(0)
+    shaped = token_shaped([metrics], torch.float32, dict(zip((name for name, _ in broadcast), expanded)))
+    summary = metrics.summary
+    assert set(shaped) == NAMES - {"trained_tokens", "nonfinite_tokens"}
     seqs = raw.seqs()
     valid = [i for i, s in enumerate(seqs) if s.count > 0]
     for name, tokens in shaped.items():
@@ -76,7 +82,7 @@ def test_token_shaped_metrics_average_back_to_the_summary(raw):
         rows = batch.segments.split(tokens)
         sample_means = [ref.masked_mean(rows[i].tolist(), seqs[i].mask) for i in valid]
         recovered = sum(sample_means) / len(valid) if valid else 0.0
-        assert recovered == pytest.approx(summary[name], rel=1e-5, abs=1e-6), name
+        assert recovered == pytest.approx(summary[name] if valid else 0.0, rel=1e-5, abs=1e-6), name
 
 
 def test_prob_diff_max_ignores_masked_tokens():

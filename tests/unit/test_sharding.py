@@ -1,6 +1,7 @@
 """Sharding invariance: context-parallel pieces of every sequence and data-parallel subsets of the sequences, combined
-by the reducers (simulated in-process by fake_group), give the results of the unsharded batch."""
+by the gathers (simulated in-process by fake_group), give the results of the unsharded batch."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import measure
 from fake_group import FakeGroup, run_ranks
-from mismatch_ctrl.acrl import sequence_level_discrepancy
 from mismatch_ctrl.correction import apply_correction
-from mismatch_ctrl.dcgrpo import DCGRPOSettings, shape_advantages
-from mismatch_ctrl.metrics import mismatch_metrics
+from mismatch_ctrl.dcgrpo import DCGRPOSettings
+from mismatch_ctrl.dist import LOCAL, Reducers
 from mismatch_ctrl.presets import PRESETS
 from mismatch_ctrl.sketch import BINS, HIGH, LOW
 
@@ -29,21 +30,12 @@ def close(a, b, **kw):
     torch.testing.assert_close(a, b, rtol=kw.get("rtol", 1e-4), atol=kw.get("atol", 1e-5))
 
 
-def unsharded(raw, spec, dc, advantages):
+def run_core(raw, spec, dc, advantages, reducers=LOCAL):
     batch = raw.token_batch()
-    metrics = mismatch_metrics(batch)
-    return dict(metrics=metrics, summary=metrics.summarize(), correction=apply_correction(spec, batch),
-                shaped=shape_advantages(batch, advantages, dc, 0.3, 0.004),
-                discrepancy=sequence_level_discrepancy(batch))
-
-
-def run_core(raw, spec, dc, advantages, seq_reduce, batch_reduce):
-    batch = raw.token_batch()
-    metrics = mismatch_metrics(batch, seq_reduce)
-    return dict(metrics=metrics, summary=metrics.summarize(batch_reduce),
-                correction=apply_correction(spec, batch, seq_reduce),
-                shaped=shape_advantages(batch, advantages, dc, 0.3, 0.004, seq_reduce, batch_reduce),
-                discrepancy=sequence_level_discrepancy(batch, seq_reduce, batch_reduce))
+    metrics = measure.metrics(batch, reducers)
+    return dict(metrics=metrics, summary=metrics.summary, correction=apply_correction(spec, batch, reducers),
+                shaped=measure.shaped(batch, advantages, dc, 0.3, 0.004, reducers),
+                discrepancy=measure.discrepancy(batch, reducers))
 
 
 def cp_token_indices(sizes, parts: int, seed: int, zigzag: bool) -> list[list[torch.Tensor]]:
@@ -79,7 +71,7 @@ def assert_discrepancy_equal(got, expected):
        spec=st.one_of(st.sampled_from(sorted(PRESETS)).map(PRESETS.get), specs()), dc=st.sampled_from(DC_SETTINGS))
 def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zigzag, spec, dc):
     advantages, _ = seq_advantages(raw, seed)
-    full = unsharded(raw, spec, dc, advantages)
+    full = run_core(raw, spec, dc, advantages)
     full_weights = full["correction"].weights.split(raw.sizes)
     full_mask = full["correction"].mask.split(raw.sizes)
     full_shaped = full["shaped"].advantages.split(raw.sizes)
@@ -88,17 +80,17 @@ def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zig
 
     def participant(p):
         piece = raw.piece(indices[p])
-        return piece, run_core(piece, spec, dc, advantages, group.reducer(p), lambda t, op="sum": t)
+        return piece, run_core(piece, spec, dc, advantages, Reducers(seq=group.gather(p)))
 
     for p, (piece, out) in enumerate(run_ranks(parts, participant, [group])):
-        for kind in ("mean", "max", "total"):
+        for kind in ("mean", "max", "min", "total"):
             for name, values in getattr(full["metrics"], kind).items():
                 close(getattr(out["metrics"], kind)[name], values)
         assert_summaries_equal(out["summary"], full["summary"])
         corr = out["correction"]
         for name, values in full["correction"].metrics.mean.items():
             close(corr.metrics.mean[name], values)
-        assert_summaries_equal(corr.metrics.summarize(), full["correction"].metrics.summarize())
+        assert_summaries_equal(corr.metrics.summary, full["correction"].metrics.summary)
         pieces = [ix for ix in indices[p]]
         assert torch.equal(corr.mask, torch.cat([m[ix] for m, ix in zip(full_mask, pieces)]))
         close(corr.weights, torch.cat([w[ix] for w, ix in zip(full_weights, pieces)]))
@@ -114,25 +106,25 @@ def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zig
 @given(raw=raw_batches(max_seqs=10), ranks=st.integers(1, 4), seed=st.integers(0, 10**6),
        spec=st.one_of(st.sampled_from(sorted(PRESETS)).map(PRESETS.get), specs()), dc=st.sampled_from(DC_SETTINGS))
 def test_data_parallel_shards_match_the_unsharded_batch(raw, ranks, seed, spec, dc):
-    # Batch normalisation is per micro-batch by design (correction.py), so it is not expected to be DP-invariant.
-    spec = type(spec)(**{**spec.__dict__, "batch_normalize": False})
+    """Batch normalisation included: it normalises over the data-parallel batch."""
     advantages, _ = seq_advantages(raw, seed)
-    full = unsharded(raw, spec, dc, advantages)
+    full = run_core(raw, spec, dc, advantages)
     owner = torch.randint(ranks, (len(raw.sizes),), generator=torch.Generator().manual_seed(seed)).tolist()
     shards = [[i for i, o in enumerate(owner) if o == r] for r in range(ranks)]  # some may be empty
     group = FakeGroup(ranks, timeout=5)
 
     def participant(r):
         shard = raw.select(shards[r])
-        return run_core(shard, spec, dc, advantages[shards[r]], lambda t, op="sum": t, group.reducer(r))
+        return run_core(shard, spec, dc, advantages[shards[r]], Reducers(batch=group.gather(r)))
 
     full_weights = full["correction"].weights.split(raw.sizes)
     for r, out in enumerate(run_ranks(ranks, participant, [group])):
         rows = torch.tensor(shards[r], dtype=torch.long)
-        for kind in ("mean", "max", "total"):
+        for kind in ("mean", "max", "min", "total"):
             for name, values in getattr(full["metrics"], kind).items():
                 close(getattr(out["metrics"], kind)[name], values[rows])
         assert_summaries_equal(out["summary"], full["summary"])
+        assert_summaries_equal(out["correction"].metrics.summary, full["correction"].metrics.summary)
         expected_weights = torch.cat([full_weights[i] for i in shards[r]]) if shards[r] else torch.zeros(0)
         close(out["correction"].weights, expected_weights)
         for key in ("discrepancy", "penalty_abs_mean", "penalty_share"):
@@ -140,23 +132,16 @@ def test_data_parallel_shards_match_the_unsharded_batch(raw, ranks, seed, spec, 
             got = getattr(out["shaped"], key)
             assert got is None if expected is None else got == pytest.approx(expected, rel=1e-4, abs=1e-7)
         assert_discrepancy_equal(out["discrepancy"], full["discrepancy"])
-    # Correction metrics are summarised over all ranks too.
-    group = FakeGroup(ranks, timeout=5)
-
-    def correction_summary(r):
-        return apply_correction(spec, raw.select(shards[r]).token_batch()).metrics.summarize(group.reducer(r))
-
-    for summary in run_ranks(ranks, correction_summary, [group]):
-        assert_summaries_equal(summary, full["correction"].metrics.summarize())
 
 
 def test_data_parallel_times_context_parallel_mesh():
-    """2 DP x 2 CP ranks: seq_reduce over the CP group of a DP rank, batch_reduce over the DP group of a CP rank."""
+    """2 DP x 2 CP ranks: the seq gather over the CP group of a DP rank, the batch gather over the DP group of a CP
+    rank."""
     raw = random_batch(seed=5, num_seqs=9, noise=0.01)
     dc = DC_SETTINGS[0]
-    spec = PRESETS["geo_rs_token_tis"]
+    spec = dataclasses.replace(PRESETS["geo_rs_token_tis"], batch_normalize=True)
     advantages, _ = seq_advantages(raw, 5)
-    full = unsharded(raw, spec, dc, advantages)
+    full = run_core(raw, spec, dc, advantages)
     shards = [[0, 2, 3, 7], [1, 4, 5, 6, 8]]
     cp_groups = [FakeGroup(2, timeout=5) for _ in range(2)]
     dp_groups = [FakeGroup(2, timeout=5) for _ in range(2)]
@@ -165,11 +150,12 @@ def test_data_parallel_times_context_parallel_mesh():
         dp, cp = divmod(rank, 2)
         shard = raw.select(shards[dp])
         indices = cp_token_indices(shard.sizes, 2, seed=dp, zigzag=True)[cp]
-        return run_core(shard.piece(indices), spec, dc, advantages[shards[dp]], cp_groups[dp].reducer(cp),
-                        dp_groups[cp].reducer(dp))
+        return run_core(shard.piece(indices), spec, dc, advantages[shards[dp]],
+                        Reducers(seq=cp_groups[dp].gather(cp), batch=dp_groups[cp].gather(dp)))
 
     for out in run_ranks(4, participant, cp_groups + dp_groups):
         assert_summaries_equal(out["summary"], full["summary"])
+        assert_summaries_equal(out["correction"].metrics.summary, full["correction"].metrics.summary)
         assert out["shaped"].discrepancy == pytest.approx(full["shaped"].discrepancy, rel=1e-5)
         assert out["shaped"].penalty_share == pytest.approx(full["shaped"].penalty_share, rel=1e-5)
         assert_discrepancy_equal(out["discrepancy"], full["discrepancy"])

@@ -2,13 +2,14 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference as ref
-from mismatch_ctrl.sketch import BINS, HIGH, LOW, global_quantiles, histogram_quantiles, log_histogram
+from mismatch_ctrl.sketch import BINS, HIGH, LOW, histogram_quantiles, log_histogram
 
 BIN_RATIO = (HIGH / LOW) ** (1 / BINS)
 QS = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
@@ -37,18 +38,18 @@ def test_integer_weights_equal_repetition(pairs):
     values = torch.tensor([v for v, _ in pairs], dtype=torch.float64)
     weights = torch.tensor([w for _, w in pairs], dtype=torch.float64)
     repeated = torch.tensor([v for v, w in pairs for _ in range(w)], dtype=torch.float64)
-    assert torch.equal(log_histogram(values, weights), log_histogram(repeated))
+    assert np.array_equal(log_histogram(values, weights.numpy()), log_histogram(repeated))
 
 
 @settings(max_examples=40, deadline=None)
 @given(values_lists, values_lists)
 def test_histograms_of_shards_sum_to_the_histogram_of_the_union(a, b):
     ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
-    assert torch.equal(log_histogram(ta) + log_histogram(tb), log_histogram(torch.cat([ta, tb])))
+    assert np.array_equal(log_histogram(ta) + log_histogram(tb), log_histogram(torch.cat([ta, tb])))
 
 
 def test_median_of_known_values():
-    (median,) = global_quantiles(torch.tensor([0.01, 0.02, 0.03, 0.5, 2.0]), [0.5])
+    (median,) = histogram_quantiles(log_histogram(torch.tensor([0.01, 0.02, 0.03, 0.5, 2.0])), [0.5])
     assert_within_one_bin(median, 0.03)
     assert median == pytest.approx(0.03, rel=BIN_RATIO - 1)
 
@@ -59,5 +60,5 @@ def test_underflow_overflow_and_empty():
     counts = log_histogram(torch.tensor([0.0, 1e6, 1.0]))
     assert counts[0] == 1 and counts[-1] == 1 and counts.sum() == 3
     assert all(math.isnan(q) for q in histogram_quantiles(log_histogram(torch.zeros(0)), [0.0, 0.5]))
-    zero_weight = log_histogram(torch.tensor([1.0, 2.0]), torch.zeros(2))
+    zero_weight = log_histogram(torch.tensor([1.0, 2.0]), np.zeros(2))
     assert math.isnan(histogram_quantiles(zero_weight, [0.5])[0])

@@ -1,0 +1,295 @@
+"""What one call of each slime hook costs: dispatched aten ops, collectives, and time per token.
+
+- **ops**: aten operations dispatched by one call (counted with a ``TorchDispatchMode``; on a GPU each is about one
+  kernel launch, which is what a hook costs at slime's micro-batch sizes). Counted for 8, 64 and 256 sequences: a
+  vectorised hook dispatches the same number for all three.
+- **collectives**: ``torch.distributed`` calls made by one call on every rank of a real gloo world of 4 processes,
+  data-parallel 2 x context-parallel 2 (megatron-core's ``parallel_state``), counted by wrapping the collectives.
+- **time**: CPU time of one call on ~2M tokens (256 responses of 1k-16k tokens, one thread: a whole rollout for
+  the advantage hook, a hundred micro-batches at once for the TIS hook), in units of one ``torch.exp`` over the same
+  tokens ("elementwise passes"), with glibc's malloc and with malloc keeping freed memory (as a caching allocator).
+
+Hooks: the advantage hook with DC-GRPO (plus the surge detector and every mismatch metric) and the TIS hook with the
+``geo_rs_token_tis`` preset (geometric rejection, veto, token TIS) and every metric. ``make bench`` prints the
+targets of issue 11 next to the numbers.
+
+    python benchmarks/bench_hooks.py                  # everything
+    python benchmarks/bench_hooks.py --skip-world     # no spawned processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from argparse import Namespace
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mismatch_ctrl
+from bench_core import fp8_like_tokens  # benchmarks/ is this script's directory
+from glibc_malloc import keep_freed_memory
+from mismatch_ctrl.slime import hooks
+from mismatch_ctrl.slime.cp import local_index
+
+TARGETS = {"tis_ops": 120, "advantage_ops": 150, "tis_collectives": 2, "advantage_collectives": 3, "passes": 8.0}
+METHODS = {
+    "advantages": {"name": "dcgrpo", "dcgrpo": {"enabled": True}},
+    "tis": {"name": "geo_rs_token_tis", "correction": {"preset": "geo_rs_token_tis"}},
+}
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+               "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+               "all_to_all_single", "gather", "scatter", "barrier")
+
+
+# --- inputs ----------------------------------------------------------------------------------------------------------
+
+def make_rollout(seqs: int, min_len: int, max_len: int, seed: int, tokens: int | None = None) -> dict[str, Any]:
+    """One global batch in slime's per-sample layout: FP8-like log-prob mismatch ~1e-3 with rare outliers, loss masks
+    with ~2% untrained tokens, group-normalised-looking rewards, prompts of 20-200 tokens. Response lengths are
+    uniform in ``[min_len, max_len]``, or with ``tokens`` random shares of that many tokens (a packed micro-batch)."""
+    g = torch.Generator().manual_seed(seed)
+    if tokens is None:
+        lengths = torch.randint(min_len, max_len + 1, (seqs,), generator=g).tolist()
+    else:
+        share = torch.rand(seqs, generator=g) + 0.5
+        lengths = (share / share.sum() * tokens).floor().long().clamp_min(1).tolist()
+    train, rollout, mask = fp8_like_tokens(sum(lengths), g)
+    prompts = torch.randint(20, 201, (seqs,), generator=g).tolist()
+    return {"response_lengths": lengths, "total_lengths": [p + r for p, r in zip(prompts, lengths)],
+            "train": list(train.split(lengths)), "rollout": list(rollout.split(lengths)),
+            "loss_masks": list(mask.split(lengths)), "rewards": torch.randn(seqs, generator=g).tolist()}
+
+
+def local_view(batch: dict[str, Any], samples: list[int], cp_rank: int = 0, cp_size: int = 1) -> dict[str, Any]:
+    """The samples of one data-parallel rank, with CP-local log-probs (slime's zigzag layout) and full masks."""
+    total = [batch["total_lengths"][i] for i in samples]
+    response = [batch["response_lengths"][i] for i in samples]
+    if cp_size == 1:
+        def local(key: str) -> list[torch.Tensor]:
+            return [batch[key][i] for i in samples]
+    else:
+        sizes, index = local_index(total, response, cp_rank, cp_size)
+
+        def local(key: str) -> list[torch.Tensor]:
+            flat = torch.cat([batch[key][i] for i in samples])
+            return list(flat[index].split(sizes))
+    return {"rewards": [batch["rewards"][i] for i in samples], "response_lengths": response, "total_lengths": total,
+            "loss_masks": [batch["loss_masks"][i].clone() for i in samples], "rollout_log_probs": local("rollout"),
+            "log_probs": local("train")}
+
+
+def make_args(section: dict[str, Any]) -> Namespace:
+    """The ``args`` slime passes to the hooks (the flags the adapters read)."""
+    prefix = "mismatch_ctrl.slime.hooks."
+    return Namespace(
+        mismatch_ctrl=dict(section), num_experts=128, save=None, load=None, finetune=False, start_rollout_id=None,
+        lr=1e-6, min_lr=0.0, custom_advantage_function_path=prefix + "advantages",
+        custom_tis_function_path=prefix + "rollout_correction",
+        custom_megatron_before_train_step_hook_path=prefix + "before_train_step", get_mismatch_metrics=True,
+        advantage_estimator="grpo", rollout_max_response_len=16384, save_interval=None, num_rollout=100)
+
+
+def advantage_call(args: Namespace, view: dict[str, Any]) -> Callable[[], object]:
+    kl = [torch.zeros_like(t) for t in view["rollout_log_probs"]]
+
+    def call() -> object:
+        data = dict(view, kl=kl)
+        hooks.advantages(args, data)
+        return data["advantages"]
+    return call
+
+
+def tis_call(args: Namespace, view: dict[str, Any]) -> Callable[[], object]:
+    pg_loss = torch.cat(view["log_probs"]).neg()
+
+    def call() -> object:
+        return hooks.rollout_correction(
+            args, pg_loss=pg_loss.detach().requires_grad_(True), train_log_probs=view["log_probs"],
+            rollout_log_probs=view["rollout_log_probs"], loss_masks=view["loss_masks"],
+            total_lengths=view["total_lengths"], response_lengths=view["response_lengths"])
+    return call
+
+
+def hook_calls(batch: dict[str, Any], samples: list[int], cp_rank: int = 0,
+               cp_size: int = 1) -> dict[str, Callable[[], object]]:
+    view = local_view(batch, samples, cp_rank, cp_size)
+    calls = {"advantages": advantage_call(make_args(METHODS["advantages"]), view),
+             "tis": tis_call(make_args(METHODS["tis"]), view)}
+    for call in calls.values():
+        call()  # creates the runtime (config, controllers) outside the measurements
+    return calls
+
+
+# --- ops -------------------------------------------------------------------------------------------------------------
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten op dispatched inside the ``with`` block, with the innermost ``mismatch_ctrl`` source line
+    that dispatched it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        where = next((f"{Path(frame.filename).name}:{frame.lineno}" for frame in reversed(traceback.extract_stack())
+                      if f"{os.sep}mismatch_ctrl{os.sep}" in frame.filename), "?")
+        self.ops.append(f"{where} {func.overloadpacket.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> OpCounter:
+    with OpCounter() as counter:
+        fn()
+    return counter
+
+
+# --- collectives on a real gloo world --------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def world_rank(rank: int, size: int, cp: int, port: int, out: str, seqs: int, seed: int) -> None:
+    """One rank of the DP x CP world: count the collectives of each hook call (after a warm-up call)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    torch.set_num_threads(1)
+    logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    ps.initialize_model_parallel(context_parallel_size=cp)
+    counts: dict[str, int] = {}
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def counting(name: str, fn: Callable) -> Callable:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*a, **k)
+        return wrapper
+
+    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    batch = make_rollout(seqs, 50, 400, seed)
+    samples = list(range(dp_rank, seqs, dp_size))
+    calls = hook_calls(batch, samples, ps.get_context_parallel_rank(), cp)
+    result = {}
+    for name in originals:
+        setattr(dist, name, counting(name, originals[name]))
+    for hook, call in calls.items():
+        counts.clear()
+        call()
+        result[hook] = dict(counts)
+    for name, fn in originals.items():
+        setattr(dist, name, fn)
+    torch.save(result, Path(out) / f"r{rank}.pt")
+    dist.barrier()
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def count_collectives(dp: int, cp: int, seqs: int, seed: int) -> list[dict[str, dict[str, int]]]:
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(world_rank, args=(dp * cp, cp, free_port(), out, seqs, seed), nprocs=dp * cp,
+                           start_method="spawn")
+        return [torch.load(Path(out) / f"r{r}.pt") for r in range(dp * cp)]
+
+
+# --- time ------------------------------------------------------------------------------------------------------------
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median process CPU time of ``fn`` (steadier than wall-clock on a shared machine; one thread)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.process_time()
+        fn()
+        samples.append(time.process_time() - start)
+    return 1e3 * statistics.median(samples)
+
+
+def verdict(ok: bool) -> str:
+    return "pass" if ok else "FAIL"
+
+
+def main() -> None:
+    summary, details = __doc__.split("\n\n", 1)
+    parser = argparse.ArgumentParser(description=summary, epilog=details,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqs", type=int, nargs="+", default=[8, 64, 256],
+                        help="sequence counts for the op counts (default 8 64 256)")
+    parser.add_argument("--tokens", type=int, default=20480, help="tokens of the micro-batch whose ops are counted "
+                        "(default 20480)")
+    parser.add_argument("--time-seqs", type=int, default=256, help="responses of the timed batch (default 256)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
+    parser.add_argument("--skip-world", action="store_true", help="do not spawn the DP x CP gloo world")
+    parser.add_argument("--skip-time", action="store_true", help="do not time the hooks on 2M tokens")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
+    print(f"bench_hooks  mismatch_ctrl from {Path(mismatch_ctrl.__file__).parent}  torch {torch.__version__}")
+
+    print(f"\naten ops dispatched per call: one micro-batch of {args.tokens} tokens (slime's --max-tokens-per-gpu) "
+          "packed from N responses")
+    print(f"{'N':>6s}{'advantage hook':>16s}{'TIS hook':>10s}")
+    ops: dict[str, list[Counter]] = {"advantages": [], "tis": []}
+    for seqs in args.seqs:
+        batch = make_rollout(seqs, 0, 0, args.seed, tokens=args.tokens)
+        calls = hook_calls(batch, list(range(seqs)))
+        for hook, call in calls.items():
+            ops[hook].append(Counter(count_ops(call).ops))
+        print(f"{seqs:6d}{ops['advantages'][-1].total():16d}{ops['tis'][-1].total():10d}")
+    for hook, label, target in (("advantages", "advantage hook (DC-GRPO + surge + metrics)", "advantage_ops"),
+                                ("tis", "TIS hook (geo_rs_token_tis + metrics)", "tis_ops")):
+        totals = [c.total() for c in ops[hook]]
+        constant = len(set(totals)) == 1
+        ok = constant and max(totals) <= TARGETS[target]
+        print(f"  {label}: max {max(totals)} (target <= {TARGETS[target]}, constant in N: "
+              f"{'yes' if constant else 'no'})  {verdict(ok)}")
+        first, last = (Counter(op.split()[0] for op in counts.elements()) for counts in (ops[hook][0], ops[hook][-1]))
+        growing = {site: (first[site], last[site]) for site in first | last if first[site] != last[site]}
+        for site, (low, high) in sorted(growing.items()):
+            print(f"    changes with N: {site} ({low} -> {high} ops)")
+
+    if not args.skip_world:
+        ranks = count_collectives(2, 2, 24, args.seed)
+        print("\ncollectives per call on every rank of a gloo world DP 2 x CP 2 (megatron-core parallel_state)")
+        for hook, target in (("advantages", "advantage_collectives"), ("tis", "tis_collectives")):
+            per_rank = [sum(r[hook].values()) for r in ranks]
+            kinds = sorted({k for r in ranks for k in r[hook]})
+            print(f"  {hook:12s} {per_rank} ({', '.join(kinds)}); target <= {TARGETS[target]}  "
+                  f"{verdict(max(per_rank) <= TARGETS[target])}")
+
+    if not args.skip_time:
+        batch = make_rollout(args.time_seqs, 1000, 16000, args.seed)
+        tokens = sum(batch["response_lengths"])
+        flat = torch.cat(batch["train"])
+        calls = hook_calls(batch, list(range(args.time_seqs)))
+        print(f"\nCPU time per call on {tokens:,} tokens in {args.time_seqs} responses, one thread, in elementwise "
+              "passes (one torch.exp over the tokens; medians)")
+        for setting in ("glibc malloc", "malloc keeping freed memory"):
+            if setting != "glibc malloc" and not keep_freed_memory():
+                break
+            exp_ms = median_ms(lambda: torch.exp(flat), args.repeats)
+            times = {hook: median_ms(call, args.repeats) for hook, call in calls.items()}
+            print(f"  {setting:30s}" + "".join(f"{hook} {ms:7.2f} ms = {ms / exp_ms:5.1f} passes   "
+                                              for hook, ms in times.items()))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

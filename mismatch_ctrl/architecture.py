@@ -1,0 +1,64 @@
+"""Is the model dense or a mixture of experts: the one rule the config loader and the launcher share.
+
+Torch-free (json and the standard library only), so ``python -m mismatch_ctrl.launch --dry-run`` works on a laptop
+with a plain ``python3`` + PyYAML. The rule: MoE iff the expert count is > 0, where the count is Megatron's
+``--num-experts`` or the first integer among :data:`EXPERT_COUNT_KEYS` in a Hugging Face ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from .errors import ConfigError
+
+Architecture = Literal["dense", "moe"]
+ARCHITECTURES: tuple[str, ...] = ("dense", "moe")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+"""``config.json`` keys that give the number of routed experts (Qwen3-MoE, Mixtral, DeepSeek, others)."""
+
+
+def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """``(file, contents)`` of a Hugging Face ``config.json`` given as the file or its model directory.
+
+    Raises :class:`ConfigError` naming the file when it cannot be read, is not JSON or is not a JSON object.
+    """
+    path = Path(path)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the Hugging Face config {path} ({exc}); give the model directory (slime's "
+                          "--hf-checkpoint) or its config.json, or set mismatch_ctrl.architecture") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the Hugging Face config {path} is a JSON {type(data).__name__}, not an object of "
+                          f"settings; point at the model's config.json")
+    return path, data
+
+
+def expert_count(hf_config: Mapping[str, Any]) -> int:
+    """Routed experts of a parsed ``config.json``: the first integer value among :data:`EXPERT_COUNT_KEYS`, else 0."""
+    return next((value for key in EXPERT_COUNT_KEYS
+                 if isinstance(value := hf_config.get(key), int) and not isinstance(value, bool)), 0)
+
+
+def architecture_of(num_experts: int) -> Architecture:
+    """``moe`` when ``num_experts > 0``, else ``dense``."""
+    return "moe" if int(num_experts) > 0 else "dense"
+
+
+def resolve_architecture(*, architecture: str | None = None, num_experts: int | None = None,
+                         hf_config: str | Path | None = None) -> Architecture | None:
+    """``dense`` / ``moe`` from an explicit name, an expert count (> 0 is MoE) or a Hugging Face ``config.json``
+    (file or model directory), in that order of precedence; ``None`` when none is given."""
+    if architecture is not None:
+        if architecture not in ARCHITECTURES:
+            raise ConfigError(f"architecture: expected one of {', '.join(map(repr, ARCHITECTURES))}, "
+                              f"got {architecture!r}")
+        return architecture  # type: ignore[return-value]
+    if num_experts is not None:
+        return architecture_of(num_experts)
+    if hf_config is not None:
+        return architecture_of(expert_count(read_hf_config(hf_config)[1]))
+    return None

@@ -1,0 +1,292 @@
+"""Sequence statistics: the one table of named per-sequence sums and maxima that every statistic of a hook call reads.
+
+ARCHITECTURE.md: "Statistics are additive ... Build them once per batch, as one table of named columns". A hook call
+builds one :class:`SeqStats` from its :class:`~mismatch_ctrl.batch.TokenBatch`:
+
+1. each requested *column* (masked token values, e.g. ``prob_diff[t] = |p_train - p_roll| m[t]``, named; see
+   :class:`Columns`) is written once into a row of one ``[K, T]`` buffer;
+2. one segment sum over the summed rows and one segment max over the maximum rows give the local table ``[N, K]``;
+3. one gather over the context-parallel shards completes it (sums added, maxima maxed; :mod:`mismatch_ctrl.dist`).
+
+Metrics, ``C_bar``, the ACRL discrepancy, rejection decisions and diagnostics are then functions of the table, read
+by column name. The batch numbers they need (sums, maxima, minima as negated maxima, histogram counts) go into one
+:class:`BatchTotals`, reduced by one gather over the data-parallel ranks (:func:`reduce_batch`). Only DC-GRPO shaping
+and the IS weights touch tokens again, and they reuse the rows.
+
+Cost: the token work is a fixed number of tensor operations per column (one GPU kernel launch each; launches, not
+bandwidth, are what a hook costs at slime's micro-batch sizes) and a fixed number for all the reductions, whatever the
+number of sequences. The table itself is small (``N x K`` numbers), so it is copied to the host once and everything
+per sequence or per batch is numpy arithmetic there, which launches no kernels; the device sees per-sequence values
+again only where tokens need them (:meth:`~mismatch_ctrl.batch.Segments.expand`). The price on a CPU at millions of
+tokens per call is memory: the ``[K, T]`` buffer is one allocation, above glibc's mmap threshold from about 1M tokens,
+so without a caching allocator every call pays its page faults (``benchmarks/bench_core.py`` shows both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .batch import BLOCK, Segments, TokenBatch
+from .dist import LOCAL, Gather, Reducers, local_gather
+
+
+class Tokens:
+    """The token tensors a column is written from (of the whole batch or of one chunk of it), with the shared
+    intermediates computed at most once, and the rows of the columns (a writer may read a column written before it:
+    columns are written in request order)."""
+
+    def __init__(self, mask: torch.Tensor, log_ratio: torch.Tensor, train: torch.Tensor,
+                 rollout: torch.Tensor) -> None:
+        self.mask, self.log_ratio, self.train, self.rollout = mask, log_ratio, train, rollout
+        self.rows: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, batch: TokenBatch, start: int, stop: int) -> Tokens:
+        """The tokens ``[start, stop)`` of ``batch`` (views; the tensors themselves for all tokens)."""
+        tensors = (batch.mask, batch.log_ratio, batch.train_log_probs, batch.rollout_log_probs)
+        if stop - start != batch.segments.num_tokens:
+            tensors = tuple(t[start:stop] for t in tensors)
+        return cls(*tensors)
+
+    @cached_property
+    def expm1(self) -> torch.Tensor:
+        """``exp(l) - 1`` (accurate for small ``l``)."""
+        return torch.expm1(self.log_ratio)
+
+    @cached_property
+    def p_train(self) -> torch.Tensor:
+        return torch.exp(self.train)
+
+    @cached_property
+    def p_roll(self) -> torch.Tensor:
+        return torch.exp(self.rollout)
+
+
+Writer = Callable[[Tokens, torch.Tensor], None]
+"""Writes a column's token values (0 where the token does not count) into the given ``[T]`` row."""
+
+
+def _trained(t: Tokens, out: torch.Tensor) -> None:
+    out.copy_(t.mask)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Named columns: ``sums`` and ``maxima`` map a name to the :data:`Writer` of a column reduced per sequence;
+    ``tokens`` to one only written (a token output, e.g. a metric's token values for slime). ``keep`` names the
+    columns whose token values a consumer reads after the reduction (the others may be gone, see
+    :data:`CHUNK_BYTES`).
+
+    A name means one quantity everywhere, so requests of several consumers merge with ``|``: a column that two of
+    them need is written and reduced once. ``trained`` (the loss mask; its sum is the token count) is always there.
+    """
+
+    sums: Mapping[str, Writer] = field(default_factory=dict)
+    maxima: Mapping[str, Writer] = field(default_factory=dict)
+    tokens: Mapping[str, Writer] = field(default_factory=dict)
+    keep: frozenset[str] = frozenset()
+
+    def __or__(self, other: Columns) -> Columns:
+        return Columns({**self.sums, **other.sums}, {**self.maxima, **other.maxima},
+                       {**self.tokens, **other.tokens}, self.keep | other.keep)
+
+
+CHUNK_BYTES = 4 << 20
+"""Columns are written and reduced in chunks of tokens whose ``[K, chunk]`` buffer takes at most this many bytes
+(about 60k tokens for the TIS hook's 17 columns, 150k for the advantage hook's 7). A micro-batch is one chunk: all
+rows stay available and the number of tensor operations does not depend on the number of sequences. A whole rollout
+on a CPU is several chunks through one buffer that stays in cache: per chunk the columns are written and reduced to
+block sums and maxima plus the few edge tokens, per sequence once after the last chunk; only the ``keep`` columns are
+written out at full length. One ``[K, T]`` buffer of millions of tokens makes every pass a trip to memory, and glibc
+maps such an allocation fresh on every call, whose page faults then cost more than the arithmetic
+(``benchmarks/bench_core.py``: 4 MB is about the fastest on a 2-core EPYC with 1 MB of L2 per core)."""
+
+
+class SeqStats:
+    """The per-sequence table of one batch, complete over context-parallel shards (see the module docstring).
+
+    ``table`` ``[N, K]`` (numpy float64, on the host) holds the sum columns, ``nonfinite`` (trained tokens dropped by
+    the non-finite guard), then the maximum columns (``-inf`` for a sequence without tokens); read them by name with
+    :meth:`sum` and :meth:`max`. ``rows`` keeps each column's token values on this shard, for token outputs.
+    """
+
+    def __init__(self, batch: TokenBatch, sum_names: Sequence[str], max_names: Sequence[str],
+                 rows: dict[str, torch.Tensor], table: np.ndarray) -> None:
+        self.batch = batch
+        self.segments: Segments = batch.segments
+        self.rows = rows
+        self.table = table
+        self.index = {name: k for k, name in enumerate([*sum_names, "nonfinite"])}
+        self.max_index = {name: len(self.index) + k for k, name in enumerate(max_names)}
+        self.counts = self.sum("trained")
+        """Trained tokens per sequence."""
+        self.denom = np.maximum(self.counts, 1.0)
+        """``max(counts, 1)``: the denominator of a per-sequence token mean."""
+        self.valid = (self.counts > 0).astype(np.float64)
+        """1.0 for sequences with trained tokens, else 0.0."""
+
+    @classmethod
+    def build(cls, batch: TokenBatch, columns: Columns, reducers: Reducers = LOCAL,
+              chunk_tokens: int | None = None) -> SeqStats:
+        """Write every column once, reduce per sequence (by chunks of ``chunk_tokens``, rounded up to whole blocks;
+        default: see :data:`CHUNK_BYTES`), complete over the CP shards with one gather."""
+        sums = {"trained": _trained, **columns.sums}
+        maxima = columns.maxima
+        writers = {**columns.tokens, **maxima, **sums}
+        # Rows in this order make the summed and the maximum columns of any subsequence two contiguous ranges.
+        order = [name for name in sums if name not in maxima] + [name for name in sums if name in maxima] + \
+            [name for name in maxima if name not in sums] + \
+            [name for name in columns.tokens if name not in sums and name not in maxima]
+        write_order = [*sums, *(name for name in order if name not in sums)]
+        sum_names, max_names = order[:len(sums)], [name for name in order if name in maxima]
+
+        segments, total = batch.segments, batch.segments.num_tokens
+        if chunk_tokens is None:  # the fewest chunks within CHUNK_BYTES, of about equal size
+            most = max(CHUNK_BYTES // (len(order) * batch.mask.element_size()) // BLOCK, 1) * BLOCK
+            chunks = -(-total // most)
+            chunk_tokens = -(-total // chunks) if chunks > 1 else most
+        chunk_tokens = -(-max(chunk_tokens, 1) // BLOCK) * BLOCK  # whole blocks: a chunk's blocks are the batch's
+        single = total <= chunk_tokens
+        # One chunk: every column in one buffer, all kept. Several: the kept columns are written straight into
+        # full-length rows, the others into one chunk buffer that every chunk reuses.
+        kept = order if single else [name for name in order if name in columns.keep]
+        others = [name for name in order if name not in kept]
+        full = batch.mask.new_empty(len(kept), total)
+        buffer = batch.mask.new_empty(len(others), chunk_tokens)
+        rows = dict(zip(kept, full.unbind(0)))
+        stacks = []  # per buffer: its summed and its maximum columns, each a contiguous range of its rows
+        for names in (kept, others):
+            summed, maxed = [n for n in names if n in sums], [n for n in names if n in maxima]
+            first = names.index(maxed[0]) if maxed else 0
+            stacks.append((summed, slice(0, len(summed)), maxed, slice(first, first + len(maxed))))
+        # Per chunk only dense block reductions and the edge tokens' values; per sequence once, after the chunks.
+        pieces: dict[str, list[list[torch.Tensor]]] = {kind: [[], []] for kind in ("sum", "sum_edges", "max",
+                                                                                  "max_edges")}
+        for start in range(0, max(total, 1), chunk_tokens):
+            stop = min(start + chunk_tokens, total)
+            tokens = Tokens.of(batch, start, stop)
+            if single:
+                tokens.rows, chunk_stacks, edges = rows, (full,), segments.edge_index()
+            else:
+                held = buffer[:, :stop - start]
+                tokens.rows = {**dict(zip(others, held.unbind(0))), **{name: rows[name][start:stop] for name in kept}}
+                chunk_stacks, edges = (full[:, start:stop], held), segments.edge_index(start, stop)
+            for name in write_order:
+                writers[name](tokens, tokens.rows[name])
+            for k, (stack, (summed, sum_range, maxed, max_range)) in enumerate(zip(chunk_stacks, stacks)):
+                for kind, names, part in (("sum", summed, sum_range), ("max", maxed, max_range)):
+                    if names:
+                        part = stack if len(names) == stack.shape[0] else stack[part]
+                        blocks = Segments.blocks(part)
+                        pieces[kind][k].append(blocks.sum(2) if kind == "sum" else blocks.amax(2))
+                        pieces[f"{kind}_edges"][k].append(part.index_select(1, edges))
+
+        def joined(kind: str) -> torch.Tensor:
+            """A kind's pieces: chunks joined along the tokens, then the two buffers along the rows."""
+            return _cat([_cat(chunks, 1) for chunks in pieces[kind] if chunks], 0)
+
+        summed = [name for stack in stacks for name in stack[0]]
+        maxed = [name for stack in stacks for name in stack[2]]
+        values = []
+        if summed:
+            values.append(segments.combine_sums(joined("sum"), joined("sum_edges")))
+        if maxed:
+            values.append(segments.combine_maxima(joined("max"), joined("max_edges")))
+        host = _cat(values, 1).cpu().numpy()
+        found = dict(zip([("sum", name) for name in summed] + [("max", name) for name in maxed], host.T))
+        table = np.stack([found["sum", name] for name in sum_names] + [batch.nonfinite.cpu().numpy()] +
+                         [found["max", name] for name in max_names], axis=1)
+        if reducers.sharded:
+            gathered = reducers.seq(torch.from_numpy(table)).numpy()
+            table = np.concatenate([gathered[:, :, :len(sums) + 1].sum(0), gathered[:, :, len(sums) + 1:].max(0)],
+                                   axis=1)
+        return cls(batch, sum_names, max_names, rows, table)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.segments.num_seqs
+
+    def sum(self, name: str) -> np.ndarray:
+        """The per-sequence sum ``[N]`` of column ``name``."""
+        return self.table[:, self.index[name]]
+
+    def mean(self, name: str) -> np.ndarray:
+        """The per-sequence token mean ``[N]`` of column ``name`` (``sum / max(count, 1)``)."""
+        return self.sum(name) / self.denom
+
+    def max(self, name: str) -> np.ndarray:
+        """The per-sequence maximum ``[N]`` of column ``name`` (``-inf`` for a sequence without tokens)."""
+        return self.table[:, self.max_index[name]]
+
+    def token_rows(self, columns: Mapping[str, str]) -> dict[str, torch.Tensor]:
+        """``{key: token values of column}`` for the pairs of ``columns`` whose column's rows are still there."""
+        return {key: self.rows[column] for key, column in columns.items() if column in self.rows}
+
+    def to_device(self, rows: Sequence[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+        """Per-sequence host rows ``[k][N]`` as one ``[k, N]`` tensor on the batch's device."""
+        return torch.from_numpy(np.stack(rows)).to(self.batch.mask.device, dtype)
+
+
+def _cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat`` without an op for a single tensor."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors), dim)
+
+
+class BatchTotals:
+    """Named batch numbers of one hook call, reduced over the data-parallel ranks by one gather.
+
+    Each entry is a 1-D numpy array (several numbers under one name): ``sum`` entries are added over the ranks,
+    ``max`` entries maxed (a minimum is the maximum of the negated values). :meth:`reduce` returns every entry as a
+    list of floats.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[str, np.ndarray]] = {}
+
+    def add(self, op: str, name: str, values: np.ndarray | Sequence[float]) -> None:
+        """Add the entry ``name`` (``op`` ``"sum"`` or ``"max"``)."""
+        if name in self.entries:
+            raise ValueError(f"batch total {name!r} added twice")
+        self.entries[name] = (op, np.asarray(values, dtype=np.float64).reshape(-1))
+
+    def reduce(self, gather: Gather = local_gather) -> dict[str, list[float]]:
+        """Every entry combined over the participants of ``gather``."""
+        order = sorted(self.entries.items(), key=lambda item: item[1][0] != "sum")
+        if not order:
+            return {}
+        vector = np.concatenate([values for _, (_, values) in order])
+        if gather is not local_gather:
+            n_sum = sum(values.size for _, (op, values) in order if op == "sum")
+            gathered = gather(torch.from_numpy(vector)).numpy()
+            vector = np.concatenate([gathered[:, :n_sum].sum(0), gathered[:, n_sum:].max(0)])
+        flat = vector.tolist()
+        out, start = {}, 0
+        for name, (_, values) in order:
+            out[name] = flat[start:start + values.size]
+            start += values.size
+        return out
+
+
+class BatchPart(Protocol):
+    """A consumer of batch totals: adds the entries it needs, then reads the reduced values."""
+
+    def add_to(self, totals: BatchTotals) -> None: ...
+
+    def read(self, reduced: Mapping[str, list[float]]) -> None: ...
+
+
+def reduce_batch(gather: Gather, *parts: BatchPart | None) -> dict[str, list[float]]:
+    """One gather for the batch numbers of every part (``None`` parts are skipped); each part then reads them."""
+    totals = BatchTotals()
+    present = [part for part in parts if part is not None]
+    for part in present:
+        part.add_to(totals)
+    reduced = totals.reduce(gather)
+    for part in present:
+        part.read(reduced)
+    return reduced

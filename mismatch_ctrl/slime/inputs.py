@@ -1,0 +1,125 @@
+"""What slime hands the hooks, checked before any work: clear :class:`InputError` naming the field and the fix, or,
+where training must go on, a guard counted in a metric with a one-time warning.
+
+Shapes follow SLIME.md sections 1 and 2 (``rollout_data`` of the advantage hook, the keyword arguments of the TIS
+hook); per-sample token counts are checked later by :class:`~mismatch_ctrl.slime.layout.LocalLayout`, and token
+values (loss masks 0/1, NaN/inf or impossible log-probs) by :class:`~mismatch_ctrl.batch.TokenBatch`. Only Python
+checks on lists here (no tensor operation on what slime passes), so the hooks' cost does not change.
+
+A NaN/inf reward (slime normalises rewards per prompt group before the hook, so one NaN raw reward spoils its whole
+group) gives its sample a baseline advantage of 0 [ours]: no task signal, while the DC-GRPO penalty, a function of
+the log-probs only, still applies. The fraction of such samples is logged as ``mismatch_ctrl/nonfinite_reward_fraction``
+(per-sample 0/1 values: slime's rollout logging averages them over the global batch).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..formatting import brief
+from .runtime import Runtime
+
+NONFINITE_REWARDS = "mismatch_ctrl/nonfinite_reward_fraction"
+REQUIRED_KEYS = ("rewards", "response_lengths", "total_lengths", "loss_masks")
+TENSOR_LISTS = ("loss_masks", "rollout_log_probs", "log_probs", "kl")
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_rollout_data(rollout_data: Any, runtime: Runtime) -> list[float]:
+    """Check ``rollout_data`` of the advantage hook; return the rewards as finite floats (NaN/inf -> 0, counted in
+    ``rollout_data[NONFINITE_REWARDS]`` with a one-time warning)."""
+    if not isinstance(rollout_data, dict):
+        raise InputError(f"rollout_data must be slime's dict of per-sample lists, got {type(rollout_data).__name__}")
+    missing = [key for key in REQUIRED_KEYS if key not in rollout_data]
+    if missing:
+        raise InputError(f"rollout_data has no {', '.join(map(repr, missing))} (keys present: "
+                         f"{brief(sorted(map(str, rollout_data)), 200)}); the advantage hook needs slime's "
+                         "rollout_data as --custom-advantage-function-path receives it (SLIME.md section 1)")
+    n = check_lengths(rollout_data["total_lengths"], rollout_data["response_lengths"])
+    for key in TENSOR_LISTS:
+        if rollout_data.get(key) is not None:
+            check_tensor_list(key, rollout_data[key], n)
+    rewards = reward_list(rollout_data["rewards"], n)
+    bad = [not math.isfinite(r) or abs(r) > _FLOAT32_MAX for r in rewards]
+    if any(bad):
+        runtime.warn_once("nonfinite_rewards", f"mismatch_ctrl: {sum(bad)} of {n} samples on this rank have a NaN or "
+                          "infinite reward; their advantage is 0 (the fraction is logged as "
+                          f"rollout/{NONFINITE_REWARDS}); check the reward function")
+        rewards = [0.0 if b else r for r, b in zip(rewards, bad)]
+    if n:
+        rollout_data[NONFINITE_REWARDS] = [float(b) for b in bad]
+    return rewards
+
+
+def check_tis_inputs(pg_loss: Any, train_log_probs: Any, rollout_log_probs: Any, loss_masks: Any, total_lengths: Any,
+                     response_lengths: Any) -> None:
+    """Check the keyword arguments slime passes the TIS hook (``loss.py`` ``tis_kwargs``)."""
+    if not isinstance(pg_loss, torch.Tensor) or pg_loss.dim() != 1:
+        raise InputError(f"pg_loss must be slime's flat per-token loss tensor, got "
+                         f"{type(pg_loss).__name__}{getattr(pg_loss, 'shape', '')}")
+    n = check_lengths(total_lengths, response_lengths)
+    if rollout_log_probs is None:
+        raise InputError("rollout_log_probs is None: the TIS hook compares the rollout engine's log-probs with the "
+                         "training engine's; slime records them with its SGLang rollout (a custom generate function "
+                         "must set sample.rollout_log_probs)")
+    for name, value in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs),
+                        ("loss_masks", loss_masks)):
+        check_tensor_list(name, value, n)
+
+
+def check_lengths(total_lengths: Any, response_lengths: Any) -> int:
+    """Both per-sample length lists are integers >= 0 of one count, each total covering its response."""
+    for name, values in (("response_lengths", response_lengths), ("total_lengths", total_lengths)):
+        if not isinstance(values, (list, tuple)):
+            raise InputError(f"{name} must be a list of integers (one per sample), got {type(values).__name__}")
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"{name}[{i}] must be an integer >= 0, got {brief(v)}")
+    if len(total_lengths) != len(response_lengths):
+        raise InputError(f"total_lengths has {len(total_lengths)} samples but response_lengths has "
+                         f"{len(response_lengths)}")
+    for i, (total, response) in enumerate(zip(total_lengths, response_lengths)):
+        if total < response:
+            raise InputError(f"sample {i}: total_lengths {total} < response_lengths {response}; the total is prompt "
+                             "plus response tokens")
+    return len(response_lengths)
+
+
+def check_tensor_list(name: str, values: Any, n: int) -> None:
+    """``values`` is a list of ``n`` tensors (one per sample)."""
+    if not isinstance(values, (list, tuple)):
+        raise InputError(f"{name} must be a list of tensors (one per sample), got {type(values).__name__}")
+    if len(values) != n:
+        raise InputError(f"{name} has {len(values)} samples but response_lengths has {n}")
+    for i, t in enumerate(values):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"sample {i}: {name} must be a tensor, got {type(t).__name__}")
+
+
+def reward_list(rewards: Any, n: int) -> list[float]:
+    """slime's rewards (python floats; a 1-D tensor is accepted) as ``n`` floats."""
+    if isinstance(rewards, torch.Tensor):
+        if rewards.dim() != 1:
+            raise InputError(f"rewards must hold one number per sample, got a tensor of shape {tuple(rewards.shape)}")
+        rewards = rewards.detach().double().cpu().tolist()
+    if not isinstance(rewards, (list, tuple)):
+        raise InputError(f"rewards must be a list of numbers (one per sample), got {type(rewards).__name__}")
+    if len(rewards) != n:
+        raise InputError(f"rewards has {len(rewards)} samples but response_lengths has {n}; slime passes one reward "
+                         "per sample")
+    out = []
+    for i, r in enumerate(rewards):
+        if isinstance(r, torch.Tensor) and r.numel() == 1:
+            r = r.item()
+        if isinstance(r, bool) or not isinstance(r, numbers.Real):
+            raise InputError(f"rewards[{i}] must be a number, got {brief(r)}")
+        try:
+            out.append(float(r))
+        except OverflowError:  # an integer beyond float range
+            out.append(math.inf)
+    return out
