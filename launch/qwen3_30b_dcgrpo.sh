@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-30B-A3B with DC-GRPO: advantages shaped by a Lagrange multiplier on |p_train - p_rollout|.
-# Settings are environment variables (see --help); METHOD and MODEL in the environment override the defaults below.
+# Settings are environment variables (see --help); METHOD, MODEL and the others in the environment override these.
 set -euo pipefail
-DEFAULT_METHOD=dcgrpo
-DEFAULT_MODEL=qwen3_30b_a3b
 # shellcheck source=launch/lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
-launcher_main "$@"
+launcher_main --default METHOD=dcgrpo --default MODEL=qwen3_30b_a3b -- "$@"

@@ -18,22 +18,38 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launch"
 REAL_PYTHON = sys.executable
 
-# The launchers and what they select: script -> (METHOD, MODEL).
+# The launchers and what they select: script -> (METHOD, MODEL, run name = the SAVE_DIR and wandb group name).
 LAUNCHERS = {
-    "qwen3_30b_dcgrpo.sh": ("dcgrpo", "qwen3_30b_a3b"),
-    "qwen3_30b_grpo.sh": ("grpo", "qwen3_30b_a3b"),
-    "qwen3_30b_geo_mis.sh": ("geo_mis", "qwen3_30b_a3b"),
-    "qwen3_30b_token_tis.sh": ("token_tis", "qwen3_30b_a3b"),
-    "qwen3_30b_length_decay.sh": ("length_decay", "qwen3_30b_a3b"),
-    "qwen3_30b_dcgrpo_length_decay.sh": ("dcgrpo_length_decay", "qwen3_30b_a3b"),
-    "qwen3_8b_dcgrpo.sh": ("dcgrpo", "qwen3_8b"),
+    "qwen3_30b_dcgrpo.sh": ("dcgrpo", "qwen3_30b_a3b", "qwen3_30b_a3b_dcgrpo"),
+    "qwen3_30b_grpo.sh": ("grpo", "qwen3_30b_a3b", "qwen3_30b_a3b_grpo"),
+    "qwen3_30b_geo_mis.sh": ("geo_mis", "qwen3_30b_a3b", "qwen3_30b_a3b_geo_mis"),
+    "qwen3_30b_token_tis.sh": ("token_tis", "qwen3_30b_a3b", "qwen3_30b_a3b_token_tis"),
+    "qwen3_30b_length_decay.sh": ("length_decay", "qwen3_30b_a3b", "qwen3_30b_a3b_length_decay"),
+    "qwen3_30b_dcgrpo_length_decay.sh": ("dcgrpo_length_decay", "qwen3_30b_a3b", "qwen3_30b_a3b_dcgrpo_length_decay"),
+    "qwen3_30b_fp8_aligned.sh": ("token_tis", "qwen3_30b_a3b", "qwen3_30b_a3b_token_tis_fp8train"),
+    "qwen3_8b_dcgrpo.sh": ("dcgrpo", "qwen3_8b", "qwen3_8b_dcgrpo"),
 }
 
-# Architecture facts of the Hugging Face checkpoints (their config.json), independent of the launcher.
+# The Hugging Face checkpoints' config.json (Qwen/Qwen3-30B-A3B and Qwen/Qwen3-8B), independent of the launcher.
+HF_CONFIGS = {
+    "qwen3_30b_a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "tie_word_embeddings": False,
+    },
+    "qwen3_8b": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 151936, "tie_word_embeddings": False,
+    },
+}
 MODELS = {
     "qwen3_30b_a3b": {"hf_name": "Qwen3-30B-A3B", "num_hidden_layers": 48, "num_experts": 128},
     "qwen3_8b": {"hf_name": "Qwen3-8B", "num_hidden_layers": 36, "num_experts": 0},
 }
+FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128]}
 
 HOOKS = {
     "--custom-advantage-function-path": "mismatch_ctrl.slime.hooks.advantages",
@@ -43,7 +59,9 @@ HOOKS = {
 }
 
 # Flags checked by hand against slime 624b824a (slime/utils/arguments.py, incl. reset_arg), Megatron-LM 1dcf0daf
-# (parser built from megatron/training/arguments.py) and SGLang server args passed through as --sglang-<arg>.
+# (parser built from megatron/training/arguments.py; --fp8-format, --fp8-recipe and --transformer-impl are
+# TransformerConfig fields there) and SGLang 0.5.15.post1 server args passed through as --sglang-<arg>
+# (python/sglang/srt/server_args.py: ep_size -> --ep-size, cuda_graph_bs_decode -> --cuda-graph-bs-decode).
 KNOWN_TRAIN_FLAGS = frozenset("""
 --actor-num-nodes --actor-num-gpus-per-node --num-gpus-per-node --colocate
 --hf-checkpoint --ref-load --load --save --save-interval
@@ -58,7 +76,7 @@ KNOWN_TRAIN_FLAGS = frozenset("""
 --custom-megatron-init-path --custom-config-path --get-mismatch-metrics --use-rollout-routing-replay
 --optimizer --lr --lr-decay-style --weight-decay --adam-beta1 --adam-beta2
 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer
---rollout-num-gpus-per-engine --sglang-mem-fraction-static --sglang-cuda-graph-bs
+--rollout-num-gpus-per-engine --sglang-ep-size --sglang-mem-fraction-static --sglang-cuda-graph-bs-decode
 --attention-dropout --hidden-dropout --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
 --attention-backend --use-wandb --wandb-project --wandb-group --wandb-team --use-tensorboard
 --disable-bias-linear --qk-layernorm --group-query-attention --num-attention-heads --num-query-groups --kv-channels
@@ -66,11 +84,11 @@ KNOWN_TRAIN_FLAGS = frozenset("""
 --rotary-percent --swiglu --untie-embeddings-and-output-weights --vocab-size --rotary-base --moe-ffn-hidden-size
 --moe-router-score-function --moe-token-dispatcher-type --moe-router-topk --moe-layer-freq --num-experts
 --moe-grouped-gemm --moe-token-drop-policy --moe-router-dtype --moe-permute-fusion --moe-aux-loss-coeff
---use-rotary-position-embeddings
+--use-rotary-position-embeddings --transformer-impl --fp8-format --fp8-recipe
 """.split())
 
-SYSTEM_TOOLS = ("bash", "env", "dirname", "basename", "cat", "grep", "head", "tail", "sed", "mkdir", "rm", "mv",
-                "touch", "timeout")
+# What the launchers need besides python: bash (also reads model.sh), dirname (lib.sh), env, rm, mv, touch (--prepare).
+SYSTEM_TOOLS = ("bash", "env", "dirname", "rm", "mv", "touch")
 
 
 @dataclass
@@ -222,9 +240,7 @@ with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
         (megatron / "__init__.py").write_text("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
         (megatron / "training" / "__init__.py").write_text("")
 
-        config = {"architectures": ["X"], "num_hidden_layers": facts["num_hidden_layers"]}
-        if facts["num_experts"]:
-            config["num_experts"] = facts["num_experts"]
+        config = dict(HF_CONFIGS[model])
         bf16 = root / facts["hf_name"]
         bf16.mkdir(exist_ok=True)
         (bf16 / "config.json").write_text(json.dumps(config))
@@ -235,8 +251,7 @@ with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
             fp8.mkdir(exist_ok=True)
             quantized = dict(config)
             if fp8_quantized:
-                quantized["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                                    "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+                quantized["quantization_config"] = dict(FP8_QUANTIZATION)
             (fp8 / "config.json").write_text(json.dumps(quantized))
             torch_dist.mkdir(exist_ok=True)
             (torch_dist / "latest_checkpointed_iteration.txt").write_text("release")

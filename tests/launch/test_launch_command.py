@@ -10,11 +10,17 @@ import pytest
 from launch_harness import (HOOKS, KNOWN_TRAIN_FLAGS, LAUNCHERS, MODELS, REPO, Sandbox, contains_run, model_args,
                             options, ray_option, split_submit)
 
+# slime 624b824a loss.py vanilla_tis_function: clamp(exp(old - rollout), tis_clip_low=0, tis_clip=2); the token_tis
+# preset (truncate at 2) through our TIS hook is the same weight, so the aligned baseline needs no --use-tis.
+FP8_TRAINING = ["--transformer-impl", "transformer_engine", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"]
+CUDA_GRAPH_BATCH_SIZES = ["1", "2", "4", "8", *map(str, range(16, 257, 8))]
+
 # What the issue asks of the Qwen3-30B-A3B runs (and slime spells so).
 EXPECTED_30B = {
     "--tensor-model-parallel-size": ["2"], "--sequence-parallel": [], "--expert-model-parallel-size": ["8"],
     "--expert-tensor-parallel-size": ["1"], "--pipeline-model-parallel-size": ["1"], "--context-parallel-size": ["1"],
-    "--rollout-num-gpus-per-engine": ["4"], "--colocate": [],
+    "--rollout-num-gpus-per-engine": ["4"], "--sglang-ep-size": ["4"], "--colocate": [],
+    "--sglang-cuda-graph-bs-decode": CUDA_GRAPH_BATCH_SIZES,
     "--optimizer-cpu-offload": [], "--overlap-cpu-optimizer-d2h-h2d": [], "--use-precision-aware-optimizer": [],
     "--rollout-batch-size": ["64"], "--n-samples-per-prompt": ["8"], "--global-batch-size": ["128"],
     "--rollout-max-response-len": ["8192"], "--rollout-temperature": ["1"], "--lr": ["1e-6"],
@@ -27,7 +33,8 @@ EXPECTED_30B = {
     **{flag: [path] for flag, path in HOOKS.items()},
 }
 ABSENT_BY_DEFAULT = ("--use-kl-loss", "--kl-loss-coef", "--kl-coef", "--use-rollout-routing-replay", "--use-tis",
-                     "--use-rollout-logprobs", "--use-wandb", "--use-tensorboard", "--skip-eval-before-train")
+                     "--use-rollout-logprobs", "--use-wandb", "--use-tensorboard", "--skip-eval-before-train",
+                     "--fp8-format", "--fp8-recipe", "--transformer-impl", "--sglang-cuda-graph-bs")
 
 
 def single_values(found: dict[str, list[list[str]]]) -> dict[str, list[str]]:
@@ -39,7 +46,7 @@ def single_values(found: dict[str, list[list[str]]]) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("script", sorted(LAUNCHERS))
 def test_each_launcher_selects_its_method_and_model(sandbox: Sandbox, script: str) -> None:
-    method, model = LAUNCHERS[script]
+    method, model, run = LAUNCHERS[script]
     facts = MODELS[model]
     optional = {"WANDB_PROJECT": "p", "WANDB_TEAM": "t", "TENSORBOARD_DIR": "/tb", "SKIP_EVAL_BEFORE_TRAIN": "1"}
     if facts["num_experts"]:
@@ -60,8 +67,15 @@ def test_each_launcher_selects_its_method_and_model(sandbox: Sandbox, script: st
         assert values[flag] == [path]
     assert values["--hf-checkpoint"] == [f"/root/{facts['hf_name']}-FP8"]
     assert values["--ref-load"] == [f"/root/{facts['hf_name']}_torch_dist"]
-    assert values["--save"] == [f"/root/runs/{model}_{method}"]  # baselines never share a checkpoint dir
+    assert values["--save"] == [f"/root/runs/{run}"]  # baselines never share a checkpoint dir
     assert contains_run(train, model_args(model))
+    # SGLang engines of a MoE model shard experts with expert parallelism (FP8 block 128: see layout.py).
+    assert values.get("--sglang-ep-size") == (["4"] if facts["num_experts"] else None)
+    assert values["--sglang-cuda-graph-bs-decode"] == CUDA_GRAPH_BATCH_SIZES
+    fp8_training = script == "qwen3_30b_fp8_aligned.sh"
+    assert contains_run(train, FP8_TRAINING) == fp8_training
+    env_vars = json.loads(ray_option(split_submit(result.command())[0], "--runtime-env-json"))["env_vars"]
+    assert ("NVTE_FP8_BLOCK_SCALING_FP32_SCALES" in env_vars) == fp8_training
     # The method YAML was validated with the model's architecture (Megatron --num-experts).
     assert sandbox.check_config_calls() == [
         ["-m", "mismatch_ctrl", "check-config", str(config), "--num-experts", str(facts["num_experts"])]]
@@ -80,7 +94,7 @@ def test_8b_uses_the_dense_layout(sandbox: Sandbox) -> None:
     assert values["--tensor-model-parallel-size"] == ["2"]
     assert values["--sequence-parallel"] == []
     assert values["--rollout-num-gpus-per-engine"] == ["2"]
-    assert "--num-experts" not in values
+    assert "--num-experts" not in values and "--sglang-ep-size" not in values
     assert "--expert-model-parallel-size" not in values and "--expert-tensor-parallel-size" not in values
     assert "--optimizer-cpu-offload" not in values
     assert values["--hf-checkpoint"] == [cluster["FP8_HF_DIR"]] and cluster["FP8_HF_DIR"].endswith("Qwen3-8B-FP8")
@@ -93,7 +107,7 @@ def test_environment_overrides(sandbox: Sandbox) -> None:
            "TENSORBOARD_DIR": "/tb", "OPTIMIZER_CPU_OFFLOAD": "0", "EVAL_INTERVAL": "0", "NUM_ROLLOUT": "7",
            "RAY_ADDRESS": "http://10.0.0.1:8265", "LR": "2e-6", "PASS_ENV": "RECIPE_RM_WORKERS",
            "RECIPE_RM_WORKERS": "4", "NCCL_NVLS_ENABLE": "1"}
-    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", "--", "--sglang-ep-size", "4", env=env)
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", "--", "--sglang-kv-cache-dtype", "fp8_e4m3", env=env)
     assert result.returncode == 0, result.stderr
 
     ray_part, train = split_submit(result.command())
@@ -116,7 +130,7 @@ def test_environment_overrides(sandbox: Sandbox) -> None:
     for flag in ("--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer",
                  "--eval-config", "--eval-interval"):
         assert flag not in values, flag
-    assert train[-2:] == ["--sglang-ep-size", "4"]  # arguments after -- come last, so they win
+    assert train[-2:] == ["--sglang-kv-cache-dtype", "fp8_e4m3"]  # arguments after -- come last, so they win
 
 
 def test_nvls_auto_follows_nvlink(sandbox: Sandbox) -> None:
@@ -210,3 +224,55 @@ def test_30b_dcgrpo_command_on_a_prepared_cluster(slow_runs) -> None:
     steps, remainder = divmod(64 * 8, int(values["--global-batch-size"][0]))
     assert (steps, remainder) == (4, 0)
     assert contains_run(train, model_args("qwen3_30b_a3b"))
+
+
+def test_engine_rules_read_the_fp8_checkpoint(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster()
+    config = Path(cluster["FP8_HF_DIR"]) / "config.json"
+    ok = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert ok.returncode == 0, ok.stderr
+    assert f"engine layout checked on the model shape FP8_HF_DIR={cluster['FP8_HF_DIR']}/config.json" in ok.stderr
+    # A checkpoint whose experts are 704 wide (5.5 blocks): no EP of a 4-GPU engine loads it, whatever the profile says.
+    config.write_text(config.read_text().replace('"moe_intermediate_size": 768', '"moe_intermediate_size": 704'))
+    bad = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert any("moe_intermediate_size 704 is split over moe_tp = 4 / 4 = 1 into shards of 704" in line
+               and "no ROLLOUT_EP works with this engine size" in line
+               and f"[model shape: FP8_HF_DIR={config}]" in line for line in bad.stderr.splitlines()), bad.stderr
+
+
+def test_an_fp8_config_that_is_not_an_object_falls_back_to_the_profile(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster()
+    (Path(cluster["FP8_HF_DIR"]) / "config.json").write_text("[1, 2, 3]")
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert any("warning" in line and "FP8_HF_DIR" in line and "config.json is a JSON list" in line
+               for line in result.stderr.splitlines()), result.stderr
+    assert "engine layout checked on the model shape recorded in profile qwen3_30b_a3b" in result.stderr
+
+
+def test_dry_run_prints_the_memory_estimate(sandbox: Sandbox) -> None:
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "memory per training GPU ~59.8 GB of 80.0" in result.stderr  # tests/launch/test_launch_core.py by hand
+    assert "host RAM per node for CPU Adam ~488.5 GB" in result.stderr
+    assert "exceeds GPU_MEMORY_GB" not in result.stderr
+    on_gpu = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={"OPTIMIZER_CPU_OFFLOAD": "0"})
+    assert on_gpu.returncode == 0  # an estimate warns, it does not refuse
+    assert "warning: the estimated training memory ~105.6 GB per GPU exceeds GPU_MEMORY_GB = 80" in on_gpu.stderr
+
+
+def test_the_fp8_aligned_baseline_changes_only_the_training_precision(sandbox: Sandbox) -> None:
+    runs = {script: sandbox.run(script, "--dry-run") for script in ("qwen3_30b_token_tis.sh",
+                                                                    "qwen3_30b_fp8_aligned.sh")}
+    args = {}
+    for script, result in runs.items():
+        assert result.returncode == 0, result.stderr
+        args[script] = split_submit(result.command())[1]
+    aligned, token_tis = args["qwen3_30b_fp8_aligned.sh"], args["qwen3_30b_token_tis.sh"]
+    assert contains_run(aligned, FP8_TRAINING)
+    # Beyond the FP8 flags, only the run's own checkpoint directory differs: same data, eval, layout, correction.
+    assert [w for w in aligned if w not in FP8_TRAINING] == [
+        w.replace("qwen3_30b_a3b_token_tis", "qwen3_30b_a3b_token_tis_fp8train") for w in token_tis]
+    assert "FP8 blockwise e4m3 (Transformer Engine) compute" in runs["qwen3_30b_fp8_aligned.sh"].stderr

@@ -49,6 +49,7 @@ def test_the_repository_is_copied_and_installed_without_touching_torch_or_numpy(
     assert "numpy.__version__.startswith('1.')" in install  # Megatron asserts numpy 1.x
     assert "cmp /tmp/versions-before.txt /tmp/versions-after.txt" in install  # torch/numpy unchanged
     assert "--upgrade" not in install and "-U " not in install
+    assert "bash launch/qwen3_30b_dcgrpo.sh --dry-run" in install  # the launcher core works with the image's python
     workdir = [rest for keyword, rest in pairs if keyword == "WORKDIR"]
     assert workdir == ["/workspace/mismatch-ctrl"]
 
@@ -58,3 +59,12 @@ def test_environment_defaults_match_the_launchers() -> None:
     for setting in ("SLIME_DIR=/root/slime", "MEGATRON_DIR=/root/Megatron-LM", "CUDA_DEVICE_MAX_CONNECTIONS=1",
                     "PYTHONPATH=/root/Megatron-LM:/workspace/mismatch-ctrl"):
         assert setting in env, setting
+
+
+def test_downloads_use_the_hf_client() -> None:
+    """The image's huggingface_hub (required by its Transformers) ships `hf`; `huggingface-cli` is gone."""
+    shown = [REPO / "docker" / "README.md", REPO / "launch" / "README.md", REPO / "README.md",
+             *sorted((REPO / "mismatch_ctrl" / "launch").glob("*.py"))]
+    for path in shown:
+        assert "huggingface-cli" not in path.read_text(), path
+    assert "hf download Qwen/Qwen3-30B-A3B --local-dir" in (REPO / "docker" / "README.md").read_text()

@@ -138,3 +138,10 @@ def test_prepare_refuses_an_fp8_model_dir(sandbox: Sandbox) -> None:
     config.write_text(json.dumps({**bf16, "quantization_config": {"quant_method": "fp8"}}))
     result = sandbox.run("qwen3_30b_dcgrpo.sh", "--prepare", "--dry-run", env=env)
     assert "MODEL_DIR" in result.stderr and "it must be the BF16 model" in result.stderr
+
+
+def test_prepare_without_the_bf16_model_shows_the_hf_download(sandbox: Sandbox) -> None:
+    env = {**unprepared(sandbox), "MODEL_DIR": str(sandbox.root / "nowhere")}
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--prepare", "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"hf download Qwen/Qwen3-30B-A3B --local-dir {sandbox.root / 'nowhere'}" in result.stderr

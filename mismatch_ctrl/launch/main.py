@@ -1,0 +1,247 @@
+"""``python -m mismatch_ctrl.launch [--launcher NAME] [--default NAME=VALUE ...] -- [USER ARGUMENTS]``.
+
+The bash launchers (``launch/*.sh`` via ``launch/lib.sh``) call this with their defaults; the user's arguments come
+after ``--``: ``--dry-run``, ``--prepare``, ``--help`` and ``-- EXTRA_TRAIN_ARGS``. Exit codes: 0 success, 1
+preflight or preparation failure, 2 bad configuration or usage. Messages go to stderr as ``LAUNCHER: ...``; the
+command (and ``--prepare``'s steps) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+from ..errors import ConfigError
+from .command import format_command, job_pythonpath, nvls_enable, submit_command
+from .layout import Layout, engine_problems, trainer_problems
+from .memory import estimate
+from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
+from .prepare import Preparation, PrepareFailed
+from .preflight import (IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems, path_problems,
+                        ray_problems)
+from .settings import Settings, usage
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class Stop(Exception):
+    """End the launcher with ``code`` (the message, if any, was already reported)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class Report:
+    """Messages on stderr, prefixed with the launcher's name."""
+
+    launcher: str
+
+    def note(self, message: str) -> None:
+        print(f"{self.launcher}: {message}", file=sys.stderr, flush=True)
+
+    def warn(self, message: str) -> None:
+        self.note(f"warning: {message}")
+
+    def lines(self, label: str, items: Sequence[str]) -> None:
+        for item in items:
+            self.note(f"{label}: {item}")
+
+    def die(self, code: int, message: str) -> NoReturn:
+        self.note(f"error: {message}")
+        raise Stop(code)
+
+
+@dataclass
+class UserArgs:
+    dry_run: bool = False
+    prepare: bool = False
+    help: bool = False
+    extra: list[str] = field(default_factory=list)
+
+
+def parse_user_args(argv: Sequence[str], report: Report) -> UserArgs:
+    out = UserArgs()
+    for i, word in enumerate(argv):
+        if word == "--dry-run":
+            out.dry_run = True
+        elif word == "--prepare":
+            out.prepare = True
+        elif word in ("-h", "--help"):
+            out.help = True
+        elif word == "--":
+            out.extra = list(argv[i + 1:])
+            break
+        else:
+            report.die(2, f"unknown option '{word}' (see --help; arguments for train.py go after --)")
+    return out
+
+
+def _core_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mismatch_ctrl.launch",
+        description="The core of the launch/*.sh launchers: check the settings (environment variables) and the "
+                    "parallel layout against Megatron's and SGLang's rules, estimate memory, prepare data and "
+                    "checkpoints, run the preflight and submit the slime job. Arguments after -- are the launcher "
+                    "user's (--dry-run, --prepare, --help, -- EXTRA_TRAIN_ARGS).")
+    parser.add_argument("--launcher", default="mismatch_ctrl.launch", help="name shown in messages and --help")
+    parser.add_argument("--default", action="append", default=[], metavar="NAME=VALUE",
+                        help="a launcher default: METHOD, MODEL, TRAIN_PRECISION, REPO_ROOT or PYTHON (repeatable)")
+    return parser
+
+
+def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str, list[str], list[str]]:
+    """(summary, configuration errors, deferred problems) of ``PYTHON -m mismatch_ctrl check-config METHOD_CONFIG``
+    for the model's architecture (Megatron ``--num-experts``). A PYTHON without torch cannot run the check: in
+    ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
+    config = s["METHOD_CONFIG"]
+    if not Path(config).is_file():
+        methods = sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml"))
+        return "", [f"METHOD_CONFIG={config} does not exist (METHOD={s['METHOD']}; methods in configs/methods: "
+                    f"{' '.join(methods)})"], []
+    environment = {**os.environ, "PYTHONPATH": job_pythonpath(s) + (
+        f":{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "")}
+    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, "--num-experts",
+                           str(model.num_experts)], capture_output=True, text=True, env=environment)
+    output = (done.stdout + done.stderr).strip()
+    if done.returncode == 0:
+        return output, [], []
+    if "No module named 'torch'" in output:
+        message = f"METHOD_CONFIG={config} not validated: PYTHON={s['PYTHON']} has no torch (check-config needs it)"
+        return "", ([] if dry_run else [message]), ([message] if dry_run else [])
+    return "", [f"METHOD_CONFIG={config} is invalid: {output}"], []
+
+
+def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
+    """The shape the engine rules check: the FP8 checkpoint's when its config.json reads, else the profile's."""
+    if fp8.shape is not None:
+        return fp8.shape, f"FP8_HF_DIR={s['FP8_HF_DIR']}/config.json"
+    return s.profile.shape, (f"recorded in profile {s['MODEL']}; FP8_HF_DIR={s['FP8_HF_DIR']} has no readable "
+                             "config.json yet")
+
+
+def summary(s: Settings, model: MegatronModel, layout: Layout, method_summary: str, report: Report) -> None:
+    experts = model.num_experts
+    kind = f"MoE, {experts} experts, EP{layout.ep} x ETP{layout.etp}" if experts else "dense"
+    compute = "FP8 blockwise e4m3 (Transformer Engine)" if s["TRAIN_PRECISION"] == "fp8" else "BF16"
+    engines = f"TP{layout.rollout_gpus_per_engine}" + (
+        f", EP{layout.rollout_ep}: moe_tp {layout.moe_tp}" if experts else "")
+    steps = layout.rollout_batch_size * layout.n_samples_per_prompt // layout.global_batch_size
+    report.note(f"method {s['METHOD']}: {method_summary or s['METHOD_CONFIG']}")
+    report.note(f"model {s['MODEL']} ({kind}): rollouts on {s['FP8_HF_DIR']} (FP8), training from "
+                f"{s['TORCH_DIST_DIR']} (BF16 weights, {compute} compute)")
+    report.note(f"layout: {layout.num_nodes} node(s) x {layout.gpus_per_node} GPUs, colocated; trainer TP{layout.tp} "
+                f"x PP{layout.pp} x CP{layout.cp} -> DP{layout.dp}; {layout.engines} SGLang engines x "
+                f"{layout.rollout_gpus_per_engine} GPUs ({engines})")
+    report.note(f"batch: {layout.rollout_batch_size} prompts x {layout.n_samples_per_prompt} samples per rollout = "
+                f"{steps} optimizer steps of {layout.global_batch_size}; {s['NUM_ROLLOUT']} rollouts; routing replay "
+                f"{'on' if layout.routing_replay else 'off'}")
+    tracker = Path(s["LOAD_DIR"], "latest_checkpointed_iteration.txt")
+    if tracker.is_file():
+        report.note(f"resume: LOAD_DIR={s['LOAD_DIR']} holds iteration {tracker.read_text().strip()}")
+    else:
+        report.note(f"fresh start: LOAD_DIR={s['LOAD_DIR']} holds no checkpoint, slime loads TORCH_DIST_DIR")
+
+
+def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
+    user = parse_user_args(argv, report)
+    try:
+        s = Settings(os.environ, given)
+    except ConfigError as exc:
+        report.die(2, str(exc))
+    if user.help:
+        sys.stdout.write(usage(report.launcher, s))
+        return 0
+    try:
+        model = read_model_args(s["MODEL_ARGS_FILE"])
+    except ConfigError as exc:
+        report.die(2, str(exc))
+
+    errors = s.problems()
+    fp8 = inspect_checkpoint(s["FP8_HF_DIR"], "fp8", "FP8_HF_DIR", model)
+    shape, source = engine_shape(s, fp8)
+    layout = None
+    if not errors:
+        layout = Layout.from_settings(s)
+        errors += trainer_problems(layout, model) + engine_problems(layout, shape, source)
+        if s.int("EVAL_INTERVAL") > 0 and not Path(s["EVAL_CONFIG"]).is_file():
+            errors.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} does not exist (or set EVAL_INTERVAL=0 to train without "
+                          "evaluation)")
+    method_summary, method_errors, deferred = method_check(s, model, user.dry_run)
+    errors += method_errors
+    if errors:
+        report.lines("configuration error", errors)
+        return 2
+
+    if user.prepare:
+        preparation = Preparation(s, model, report.launcher, user.dry_run, report.note)
+        problems = preparation.problems()
+        if problems:
+            if user.dry_run:
+                report.lines("warning", problems)
+            else:
+                report.lines("error", problems)
+                report.die(1, "nothing was prepared; fix the errors above and re-run --prepare")
+        try:
+            preparation.run()
+        except PrepareFailed as exc:
+            report.die(1, str(exc))
+        return 0
+
+    command = submit_command(s, model, user.extra, nvls_enable(s["NCCL_NVLS_ENABLE"]))
+    paths = path_problems(s, report.launcher, fp8) + deferred
+    summary(s, model, layout, method_summary, report)
+    report.note(f"engine layout checked on the model shape {source}")
+    memory = estimate(shape, layout, max_tokens_per_gpu=s.int("MAX_TOKENS_PER_GPU"),
+                      cpu_offload=s.flag("OPTIMIZER_CPU_OFFLOAD"),
+                      sglang_mem_fraction=float(s["SGLANG_MEM_FRACTION"]), gpu_memory_gb=float(s["GPU_MEMORY_GB"]))
+    for line in memory.lines():
+        report.note(line)
+    for line in memory.warnings():
+        report.warn(line)
+    if user.dry_run:
+        report.lines("warning (an error at launch)", paths)
+        print(format_command(command), flush=True)
+        return 0
+
+    cluster = local_gpu_problems(s) + ray_problems(s, report.warn)
+    if paths or cluster:
+        report.note("import checks (slime, megatron, hooks, reward) run once the problems below are fixed")
+    else:
+        cluster += import_problems(s, IMPORT_TARGETS)
+    host = host_memory_bytes()
+    if host is not None and memory.host_per_node > host:
+        report.warn(f"the CPU Adam states need ~{memory.host_per_node / 1e9:.0f} GB of host RAM per node, this node "
+                    f"has {host / 1e9:.0f} GB")
+    if paths or cluster:
+        report.lines("error", paths + cluster)
+        report.die(1, "preflight failed; nothing was submitted")
+    Path(s["SAVE_DIR"]).mkdir(parents=True, exist_ok=True)
+    report.note("submitting:")
+    print(format_command(command), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+    return 0  # not reached
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    core = _core_parser().parse_args(argv[:split])
+    given = {"TRAIN_PRECISION": "bf16", "REPO_ROOT": REPO_ROOT, "PYTHON": sys.executable}
+    for item in core.default:
+        name, sep, value = item.partition("=")
+        if not sep:
+            _core_parser().error(f"--default {item!r}: expected NAME=VALUE")
+        given[name] = value
+    report = Report(core.launcher)
+    try:
+        return run(argv[split + 1:], report, given)
+    except Stop as stop:
+        return stop.code

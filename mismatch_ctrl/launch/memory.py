@@ -1,0 +1,145 @@
+"""Memory estimate of a colocated slime run: per-GPU training memory, host RAM for CPU Adam, and the rollout engine's
+FP8 weights. Stated allowances, not measurements; the formula and its terms are in ``launch/README.md``.
+
+Parameters (from the model shape, embeddings and output layer counted once each unless tied)::
+
+    attention/layer = h*a*d + 2*h*g*d + a*d*h + 2*d + 2*h      (q, k, v, o, q/k norms, two RMSNorms)
+    N_dense  = V*h*(1 or 2) + L*attention + L_dense*3*h*I + L_moe*h*E + h
+    N_expert = L_moe * E * 3*h*I_e
+
+Per training GPU (slime forces Megatron's distributed optimizer; ``--accumulate-allreduce-grads-in-fp32``)::
+
+    P_gpu       = N_dense/(TP*PP) + N_expert/(EP*ETP*PP)
+    weights     = 2 B * P_gpu                         (BF16 parameters; FP8 training casts them per GEMM)
+    gradients   = 4 B * P_gpu                         (fp32 main gradients)
+    optimizer   = 12 B * (N_dense + N_expert) / world (fp32 master + Adam moments, sharded over data parallel);
+                  0 with OPTIMIZER_CPU_OFFLOAD=1
+    activations = T * [ L*h*2/TP                      (full recompute: one BF16 layer input per layer, SP-sharded)
+                      + 4 * (h + 2*(a+g)*d/TP + mlp)  (one recomputed layer, forward + its gradients, BF16)
+                      + 12 * V/TP ]                   (fp32 logits, the temperature-scaled copy, their gradient)
+        mlp = 3*I/TP (dense layers) or 2*k*(2*h + 3*I_e/ETP)/TP (MoE: k routed copies, x2 for routing imbalance)
+    reserve     = 8 GB                                (CUDA context, NCCL, what SGLang keeps while offloaded)
+
+Host RAM per node with CPU Adam: 16 B * (N_dense + N_expert) / world * GPUS_PER_NODE (fp32 master copy and gradient
+copy, two moments; ``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``). SGLang per GPU: FP8 weights
+(N - embeddings)/TP_engine * 1 B + embeddings/TP_engine * 2 B inside ``SGLANG_MEM_FRACTION * GPU_MEMORY_GB``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layout import Layout
+from .model_shape import ModelShape
+
+GB = 1e9
+BYTES_WEIGHT, BYTES_GRAD, BYTES_ADAM_GPU, BYTES_ADAM_HOST = 2, 4, 12, 16
+BYTES_LOGIT = 12
+MOE_IMBALANCE = 2
+RESERVE_GB = 8.0
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    dense: int
+    expert: int
+    embedding: int
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.expert
+
+
+def parameter_counts(shape: ModelShape) -> ParameterCounts:
+    """Non-expert, expert and embedding (+ output layer) parameter counts of ``shape`` (formula in the docstring)."""
+    h, a, g, d = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
+    attention = h * a * d + 2 * h * g * d + a * d * h + 2 * d + 2 * h
+    embedding = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
+    dense = (embedding + shape.num_hidden_layers * attention + shape.dense_layers * 3 * h * shape.intermediate_size
+             + shape.moe_layers * h * shape.num_experts + h)
+    expert = shape.moe_layers * shape.num_experts * 3 * h * shape.moe_intermediate_size
+    return ParameterCounts(dense=dense, expert=expert, embedding=embedding)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per training GPU by term, host bytes per node, and the rollout engine's weights vs its static pool."""
+
+    params_per_gpu: float
+    weights: float
+    gradients: float
+    optimizer: float
+    checkpoints: float
+    layer: float
+    logits: float
+    reserve: float
+    host_per_node: float
+    rollout_weights: float
+    rollout_static: float
+    gpu_limit: float
+
+    @property
+    def activations(self) -> float:
+        return self.checkpoints + self.layer + self.logits
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+
+    def lines(self) -> list[str]:
+        """Human-readable summary lines (GB = 1e9 bytes)."""
+        def gb(x: float) -> str:
+            return f"{x / GB:.1f}"
+        return [
+            f"memory per training GPU ~{gb(self.total)} GB of {gb(self.gpu_limit)}: weights {gb(self.weights)} + "
+            f"gradients {gb(self.gradients)} + optimizer {gb(self.optimizer)} + activations {gb(self.activations)} "
+            f"(checkpoints {gb(self.checkpoints)}, one layer {gb(self.layer)}, logits {gb(self.logits)}) + reserve "
+            f"{gb(self.reserve)}; {self.params_per_gpu / 1e9:.2f}B parameters per GPU",
+            f"host RAM per node for CPU Adam ~{gb(self.host_per_node)} GB" if self.host_per_node else
+            "host RAM: Adam states stay on the GPUs (OPTIMIZER_CPU_OFFLOAD=0)",
+            f"SGLang per GPU: FP8 weights ~{gb(self.rollout_weights)} GB of a static pool of {gb(self.rollout_static)} "
+            f"GB (KV cache ~{gb(max(self.rollout_static - self.rollout_weights, 0.0))} GB)",
+        ]
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.total > self.gpu_limit:
+            out.append(f"the estimated training memory ~{self.total / GB:.1f} GB per GPU exceeds GPU_MEMORY_GB = "
+                       f"{self.gpu_limit / GB:g}: set OPTIMIZER_CPU_OFFLOAD=1, lower MAX_TOKENS_PER_GPU, or spread "
+                       "the model wider (TP, EP, NUM_NODES)")
+        if self.rollout_weights >= self.rollout_static:
+            out.append(f"the rollout engine's FP8 weights ~{self.rollout_weights / GB:.1f} GB per GPU do not fit its "
+                       f"static pool {self.rollout_static / GB:.1f} GB: raise SGLANG_MEM_FRACTION or "
+                       "ROLLOUT_GPUS_PER_ENGINE")
+        return out
+
+
+def estimate(shape: ModelShape, layout: Layout, *, max_tokens_per_gpu: int, cpu_offload: bool,
+             sglang_mem_fraction: float, gpu_memory_gb: float) -> MemoryEstimate:
+    """The terms of the module docstring for ``shape`` trained and served with ``layout``."""
+    lo, n = layout, parameter_counts(shape)
+    h, a, g, d = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
+    params = n.dense / (lo.tp * lo.pp) + n.expert / (lo.ep * lo.etp * lo.pp)
+    shard = n.total / lo.gpus
+    mlp = 0.0
+    if shape.dense_layers:
+        mlp = 3 * shape.intermediate_size / lo.tp
+    if shape.moe_layers:
+        mlp = max(mlp, MOE_IMBALANCE * shape.num_experts_per_tok
+                  * (2 * h + 3 * shape.moe_intermediate_size / lo.etp) / lo.tp)
+    tokens = max_tokens_per_gpu
+    engine_tp = lo.rollout_gpus_per_engine
+    return MemoryEstimate(
+        params_per_gpu=params,
+        weights=BYTES_WEIGHT * params,
+        gradients=BYTES_GRAD * params,
+        optimizer=0.0 if cpu_offload else BYTES_ADAM_GPU * shard,
+        checkpoints=tokens * shape.num_hidden_layers * h * 2 / lo.tp,
+        layer=tokens * 4 * (h + 2 * (a + g) * d / lo.tp + mlp),
+        logits=tokens * BYTES_LOGIT * shape.vocab_size / lo.tp,
+        reserve=RESERVE_GB * GB,
+        host_per_node=BYTES_ADAM_HOST * shard * lo.gpus_per_node if cpu_offload else 0.0,
+        rollout_weights=((n.total - n.embedding) * 1 + n.embedding * 2) / engine_tp,
+        rollout_static=sglang_mem_fraction * gpu_memory_gb * GB,
+        gpu_limit=gpu_memory_gb * GB,
+    )

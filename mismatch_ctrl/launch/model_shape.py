@@ -1,0 +1,221 @@
+"""A model's numbers, from the two places a launch finds them: the Hugging Face ``config.json`` SGLang loads
+(:class:`ModelShape`) and the Megatron model arguments slime trains with (:class:`MegatronModel`).
+
+slime compares the two at start-up (``slime/backends/megatron_utils/arguments.py::_hf_validate_args``, 624b824a:
+hidden size, heads, layers, FFN widths, tied embeddings); :func:`shape_mismatches` does the same before any GPU is
+touched, plus the expert count, KV heads and vocabulary. Dense or MoE is :mod:`mismatch_ctrl.architecture`'s rule.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..architecture import expert_count, read_hf_config
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers the layout rules and the memory estimate need, named as in a Qwen3 ``config.json``.
+
+    ``dense_layers`` counts the layers with a dense MLP (all of them for a dense model; for Qwen3-MoE the layers in
+    ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid). ``weight_block_size`` is
+    ``quantization_config.weight_block_size`` (``None`` for an unquantised checkpoint).
+    """
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dense_layers: int
+    num_experts: int = 0
+    moe_intermediate_size: int = 0
+    num_experts_per_tok: int = 0
+    tie_word_embeddings: bool = False
+    weight_block_size: tuple[int, int] | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_hidden_layers - self.dense_layers
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], source: str) -> ModelShape:
+        """Read a parsed ``config.json``; :class:`ConfigError` naming ``source`` and the key if one is missing."""
+
+        def integer(key: str, default: int | None = None) -> int:
+            value = config.get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{source} has {key} = {value!r}; expected a non-negative integer (is it the "
+                                  f"model's config.json?)")
+            return value
+
+        heads = integer("num_attention_heads")
+        hidden = integer("hidden_size")
+        layers = integer("num_hidden_layers")
+        experts = expert_count(config)
+        dense = layers
+        if experts:
+            step = integer("decoder_sparse_step", 1) or 1
+            only = config.get("mlp_only_layers") or []
+            dense = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
+        block = (config.get("quantization_config") or {}).get("weight_block_size") \
+            if isinstance(config.get("quantization_config"), dict) else None
+        if block is not None and not (isinstance(block, list) and len(block) == 2 and
+                                      all(isinstance(b, int) and b > 0 for b in block)):
+            raise ConfigError(f"{source} has quantization_config.weight_block_size = {block!r}; expected [n, k]")
+        return cls(
+            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=integer("num_key_value_heads", heads),
+            head_dim=integer("head_dim", hidden // heads if heads else 0),
+            intermediate_size=integer("intermediate_size"), vocab_size=integer("vocab_size"), dense_layers=dense,
+            num_experts=experts,
+            moe_intermediate_size=integer("moe_intermediate_size") if experts else 0,
+            num_experts_per_tok=integer("num_experts_per_tok") if experts else 0,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            weight_block_size=tuple(block) if block else None,
+        )
+
+
+@dataclass(frozen=True)
+class MegatronModel:
+    """The Megatron model arguments (``MODEL_ARGS`` of ``recipes/<model>/model.sh``), read as slime passes them."""
+
+    args: tuple[str, ...]
+
+    def value(self, flag: str) -> str | None:
+        """The word after ``flag`` (its last occurrence, as argparse keeps), else ``None``."""
+        found = None
+        for i, word in enumerate(self.args[:-1]):
+            if word == flag:
+                found = self.args[i + 1]
+        return found
+
+    def integer(self, flag: str, default: int = 0) -> int:
+        text = self.value(flag)
+        if text is None:
+            return default
+        if not text.isdigit():
+            raise ConfigError(f"MODEL_ARGS_FILE gives {flag} {text!r}, not a non-negative integer")
+        return int(text)
+
+    @property
+    def num_layers(self) -> int:
+        return self.integer("--num-layers")
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.integer("--num-attention-heads")
+
+    @property
+    def num_query_groups(self) -> int:
+        """``--num-query-groups``; Megatron uses the head count without it (``TransformerConfig.__post_init__``)."""
+        return self.integer("--num-query-groups", self.num_attention_heads)
+
+    @property
+    def num_experts(self) -> int:
+        return self.integer("--num-experts")
+
+    def validate(self) -> None:
+        """Every number the checks read is an integer: :class:`ConfigError` otherwise."""
+        for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+                     "--num-query-groups", "--num-experts", "--moe-ffn-hidden-size", "--vocab-size"):
+            self.integer(flag)
+
+
+def read_model_args(path: str | Path) -> MegatronModel:
+    """``MODEL_ARGS`` of a bash file, read by bash itself (the file may use any bash syntax)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"MODEL_ARGS_FILE={path} does not exist (expected recipes/<model>/model.sh)")
+    script = 'source "$1" >&2 && ((${#MODEL_ARGS[@]})) && printf "%s\\0" "${MODEL_ARGS[@]}"'
+    done = subprocess.run(["bash", "-c", script, "model_args", str(path)], capture_output=True)
+    words = done.stdout.decode().split("\0")[:-1]
+    if done.returncode != 0 or not words:
+        raise ConfigError(f"MODEL_ARGS_FILE={path} does not define a MODEL_ARGS array"
+                          + (f" ({done.stderr.decode().strip()[-200:]})" if done.stderr.strip() else ""))
+    model = MegatronModel(tuple(words))
+    model.validate()
+    return model
+
+
+# (config.json key, Megatron flag) pairs that must agree; intermediate_size only when some layer is dense.
+_COMPARED = (("num_hidden_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
+             ("num_attention_heads", "--num-attention-heads"), ("num_key_value_heads", "--num-query-groups"),
+             ("num_experts", "--num-experts"), ("moe_intermediate_size", "--moe-ffn-hidden-size"),
+             ("intermediate_size", "--ffn-hidden-size"), ("vocab_size", "--vocab-size"))
+
+
+def shape_mismatches(shape: ModelShape, megatron: MegatronModel) -> list[str]:
+    """``"<key> <hf value>, MODEL_ARGS_FILE says <value> (<flag>)"`` for every number that differs."""
+    megatron_values = {
+        "--num-layers": megatron.num_layers, "--hidden-size": megatron.integer("--hidden-size"),
+        "--num-attention-heads": megatron.num_attention_heads, "--num-query-groups": megatron.num_query_groups,
+        "--num-experts": megatron.num_experts, "--moe-ffn-hidden-size": megatron.integer("--moe-ffn-hidden-size"),
+        "--ffn-hidden-size": megatron.integer("--ffn-hidden-size"), "--vocab-size": megatron.integer("--vocab-size"),
+    }
+    out = []
+    for key, flag in _COMPARED:
+        if key == "intermediate_size" and shape.dense_layers == 0:
+            continue
+        if megatron.value(flag) is None and flag not in ("--num-experts", "--num-query-groups"):
+            continue
+        if getattr(shape, key) != megatron_values[flag]:
+            out.append(f"{key} {getattr(shape, key)}, MODEL_ARGS_FILE says {megatron_values[flag]} ({flag})")
+    untie = "--untie-embeddings-and-output-weights" in megatron.args
+    if shape.tie_word_embeddings == untie:
+        out.append(f"tie_word_embeddings {str(shape.tie_word_embeddings).lower()}, MODEL_ARGS_FILE "
+                   f"{'has' if untie else 'lacks'} --untie-embeddings-and-output-weights")
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """What a checkpoint's ``config.json`` says: its problems (one line each) and, if readable, its shape."""
+
+    problems: list[str]
+    shape: ModelShape | None = None
+
+
+def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron: MegatronModel) -> CheckpointReport:
+    """Read ``directory/config.json`` of an ``fp8`` (block-quantised, for SGLang) or ``bf16`` checkpoint.
+
+    Problems: unreadable, not a JSON object, missing numbers, the wrong quantisation (fp8: ``quant_method fp8`` and
+    ``weight_block_size [128, 128]``, what ``tools/convert_hf_to_fp8.py --strategy block --block-size 128 128`` and
+    the Qwen ``-FP8`` releases write; bf16: none), numbers that differ from Megatron's model arguments.
+    """
+    try:
+        config_path, config = read_hf_config(directory)
+    except ConfigError as exc:
+        path = Path(directory) / "config.json"
+        message = f"{path} does not exist" if not path.exists() else str(exc)
+        return CheckpointReport([f"{variable}: {message}"])
+    problems = []
+    quant = config.get("quantization_config")
+    if kind == "fp8":
+        if not isinstance(quant, dict):
+            problems.append(f"{variable}: {config_path} has no quantization_config; SGLang needs an FP8 checkpoint "
+                            "with quant_method fp8 and weight_block_size [128, 128] (run --prepare, or use the "
+                            "Qwen/*-FP8 release)")
+        elif quant.get("quant_method") != "fp8" or list(quant.get("weight_block_size") or []) != [128, 128]:
+            problems.append(f"{variable}: {config_path} quantization_config has quant_method "
+                            f"{quant.get('quant_method')!r} and weight_block_size {quant.get('weight_block_size')!r}; "
+                            "expected fp8 and [128, 128] (block e4m3, which slime re-quantizes to at every sync)")
+    elif quant is not None:
+        problems.append(f"{variable}: {config_path} has a quantization_config; it must be the BF16 model")
+    try:
+        shape = ModelShape.from_hf_config(config, str(config_path))
+    except ConfigError as exc:
+        return CheckpointReport([*problems, f"{variable}: {exc}"])
+    problems += [f"{variable}: {config_path} has {line}" for line in shape_mismatches(shape, megatron)]
+    return CheckpointReport(problems, shape)
+

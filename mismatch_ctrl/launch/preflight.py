@@ -1,0 +1,139 @@
+"""Checks of the cluster: paths (warnings in ``--dry-run``, errors before a launch), GPUs, Ray, imports, host RAM."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from .command import HOOKS, REWARD_FUNCTION, job_pythonpath
+from .model_shape import CheckpointReport
+from .settings import Settings
+
+COMPLETE_MARKER = ".mismatch_ctrl_complete"
+EVAL_SET_NAMES = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+IMPORT_TARGETS = ("slime", "megatron.training", *(path.rpartition(".")[0] + ":" + path.rpartition(".")[2]
+                                                  for path in (*HOOKS.values(), REWARD_FUNCTION)))
+_INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
+
+
+def eval_data_files(eval_config: str, data_dir: str) -> list[str]:
+    """The dataset paths of an ``--eval-config`` file, ``${oc.env:NAME,default}`` resolved as slime's OmegaConf
+    loader does in the job driver (where ``DATA_DIR`` is set to ``data_dir``)."""
+    with open(eval_config) as f:
+        config = yaml.safe_load(f) or {}
+    environment = {**os.environ, "DATA_DIR": data_dir}
+    datasets = (config.get("eval", config) if isinstance(config, dict) else {}).get("datasets") or []
+    return [_INTERPOLATION.sub(lambda m: environment.get(m.group(1), m.group(2) or ""), str(dataset["path"]))
+            for dataset in datasets]
+
+
+def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str]:
+    """Missing or wrong cluster paths: slime, Megatron-LM, the FP8 and torch_dist checkpoints, the data."""
+    out = []
+    if not Path(s["SLIME_DIR"], "train.py").is_file():
+        out.append(f"SLIME_DIR={s['SLIME_DIR']} has no train.py; set SLIME_DIR to the slime checkout (/root/slime "
+                   "in the slimerl/slime image)")
+    if not Path(s["MEGATRON_DIR"], "megatron").is_dir():
+        out.append(f"MEGATRON_DIR={s['MEGATRON_DIR']} has no megatron/ package; set MEGATRON_DIR to the Megatron-LM "
+                   "checkout (/root/Megatron-LM in the image)")
+    if Path(s["FP8_HF_DIR"]).is_dir():
+        out += fp8.problems
+    else:
+        out.append(f"FP8_HF_DIR={s['FP8_HF_DIR']} does not exist; run '{launcher} --prepare' (converts MODEL_DIR) or "
+                   f"hf download Qwen/{s.profile.hf_name}-FP8 --local-dir {s['FP8_HF_DIR']}")
+    if not Path(s["TORCH_DIST_DIR"], "latest_checkpointed_iteration.txt").is_file():
+        out.append(f"TORCH_DIST_DIR={s['TORCH_DIST_DIR']} is not a Megatron checkpoint (no "
+                   f"latest_checkpointed_iteration.txt); run '{launcher} --prepare'")
+    if not Path(s["PROMPT_DATA"]).is_file():
+        out.append(f"PROMPT_DATA={s['PROMPT_DATA']} does not exist; run '{launcher} --prepare' (writes DATA_DIR)")
+    if s.int("EVAL_INTERVAL") > 0:
+        try:
+            missing = [path for path in eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"]) if not Path(path).is_file()]
+        except (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError) as exc:
+            out.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {type(exc).__name__}: {exc}")
+        else:
+            if missing:
+                out.append(f"eval sets of EVAL_CONFIG (with DATA_DIR={s['DATA_DIR']}) do not exist: "
+                           f"{' '.join(missing)}; run '{launcher} --prepare' or set EVAL_INTERVAL=0")
+    return out
+
+
+def local_gpu_problems(s: Settings) -> list[str]:
+    """This node's GPU count (``nvidia-smi``) against GPUS_PER_NODE."""
+    if shutil.which("nvidia-smi") is None:
+        return ["nvidia-smi not found: run on a GPU node, inside the container started with --gpus all"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        listing = ""
+    count = sum(1 for line in listing.splitlines() if re.match(r"\s*[0-9]", line))
+    wanted = s.int("GPUS_PER_NODE")
+    if count < wanted:
+        return [f"this node has {count} GPUs (nvidia-smi) but GPUS_PER_NODE={wanted}; use a node with {wanted} GPUs "
+                "or set GPUS_PER_NODE (and a layout that fits)"]
+    return []
+
+
+def ray_problems(s: Settings, warn: Callable[[str], None]) -> list[str]:
+    """Ray reachable at RAY_ADDRESS (``ray job list``) with at least NUM_NODES x GPUS_PER_NODE GPUs (``ray status``)."""
+    needed, per_node = s.int("NUM_NODES") * s.int("GPUS_PER_NODE"), s["GPUS_PER_NODE"]
+    if shutil.which("ray") is None:
+        return ["ray not found on PATH: run inside the slimerl/slime image (docker/README.md)"]
+    try:
+        reachable = subprocess.run(["ray", "job", "list", "--address", s["RAY_ADDRESS"]], capture_output=True,
+                                   timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
+        reachable = False
+    if not reachable:
+        return [f"Ray is not reachable at RAY_ADDRESS={s['RAY_ADDRESS']}; start it on the head node with 'ray start "
+                f"--head --num-gpus {per_node} --dashboard-host=0.0.0.0 --dashboard-port=8265' (other nodes: 'ray "
+                f"start --address=<head-ip>:6379 --num-gpus {per_node}') or set RAY_ADDRESS"]
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    try:
+        status = subprocess.run(["ray", "status"], capture_output=True, text=True, timeout=60, env=environment).stdout
+    except subprocess.TimeoutExpired:
+        status = ""
+    found = re.search(r"[0-9.]+/([0-9]+)(?:\.[0-9]+)? GPU", status)
+    if found is None:
+        warn(f"could not read the cluster's GPU count from 'ray status'; Ray will wait if fewer than {needed} GPUs "
+             "join")
+    elif int(found.group(1)) < needed:
+        return [f"the Ray cluster has {found.group(1)} GPUs but the layout needs NUM_NODES x GPUS_PER_NODE = {needed}; "
+                f"start Ray on every node with --num-gpus {per_node} or lower NUM_NODES"]
+    return []
+
+
+def import_problems(s: Settings, targets: tuple[str, ...]) -> list[str]:
+    """Each ``module`` or ``module:attribute`` importable by PYTHON with the job's PYTHONPATH (``.imports``)."""
+    environment = {**os.environ, "PYTHONPATH": job_pythonpath(s) + (
+        f":{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "")}
+    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.imports", *targets], capture_output=True,
+                          text=True, env=environment)
+    failed = [line.removeprefix("import-check: ") for line in done.stdout.splitlines()
+              if line.startswith("import-check: ")]
+    if done.returncode != 0 and not failed:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        return [f"PYTHON={s['PYTHON']} failed while checking imports: {tail}"]
+    if failed:
+        failed.append(f"imports use PYTHONPATH={job_pythonpath(s)}: slime and megatron come with the slimerl/slime "
+                      "image (SLIME_DIR, MEGATRON_DIR); mismatch_ctrl and recipes need REPO_ROOT and pip install -e "
+                      "'.[recipe]' (docker/Dockerfile)")
+    return failed
+
+
+def host_memory_bytes() -> float | None:
+    """This node's RAM (``MemTotal`` of ``/proc/meminfo``), or None where there is no such file."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^MemTotal:\s+([0-9]+) kB", text, re.M)
+    return int(found.group(1)) * 1024.0 if found else None
+

@@ -1,0 +1,136 @@
+"""``--prepare``: the recipe data, BF16 HF -> Megatron torch_dist, BF16 HF -> FP8 (block 128x128 e4m3).
+
+A conversion writes ``DIR.partial``, is verified, marked complete (``.mismatch_ctrl_complete``) and renamed to
+``DIR``: an interrupted one is redone, and a ``DIR`` without the marker was not written here and is never deleted.
+Commands are printed (stdout) before they run; with ``--dry-run`` they are only printed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .command import format_command, job_pythonpath
+from .model_shape import MegatronModel, inspect_checkpoint
+from .preflight import COMPLETE_MARKER, EVAL_SET_NAMES, import_problems, local_gpu_problems
+from .settings import DATA_MODULE, TRAIN_SET_FILE, Settings
+
+
+class PrepareFailed(Exception):
+    """A step failed; the message says which and what is left on disk."""
+
+
+def conversion_state(directory: str) -> str:
+    """``complete`` (has the marker), ``missing``, or ``foreign`` (exists without the marker)."""
+    path = Path(directory)
+    if (path / COMPLETE_MARKER).is_file():
+        return "complete"
+    return "foreign" if path.exists() else "missing"
+
+
+class Preparation:
+    """The plan and the steps of ``--prepare`` for one launcher's settings."""
+
+    def __init__(self, s: Settings, model: MegatronModel, launcher: str, dry_run: bool,
+                 note: Callable[[str], None]):
+        self.s, self.model, self.launcher, self.dry_run, self.note = s, model, launcher, dry_run, note
+        data = Path(s["DATA_DIR"])
+        files = [data / TRAIN_SET_FILE, *(data / "eval" / f"{name}.jsonl" for name in EVAL_SET_NAMES)]
+        self.data_files = len(files)
+        self.data_missing = [str(path) for path in files if not path.is_file()]
+        self.torch_dist = conversion_state(s["TORCH_DIST_DIR"])
+        self.fp8 = conversion_state(s["FP8_HF_DIR"])
+
+    @property
+    def converts(self) -> bool:
+        return "missing" in (self.torch_dist, self.fp8)
+
+    def problems(self) -> list[str]:
+        """What stops the preparation (for ``--dry-run``: what would)."""
+        s, out = self.s, []
+        for name in ("TORCH_DIST_DIR", "FP8_HF_DIR"):
+            if conversion_state(s[name]) == "foreign":
+                out.append(f"{name}={s[name]} exists without {COMPLETE_MARKER}, so --prepare did not write it and "
+                           f"leaves it alone: if it is a finished checkpoint run 'touch {s[name]}/{COMPLETE_MARKER}', "
+                           "otherwise remove it")
+        if self.converts:
+            if Path(s["MODEL_DIR"]).is_dir():
+                out += inspect_checkpoint(s["MODEL_DIR"], "bf16", "MODEL_DIR", self.model).problems
+            else:
+                out.append(f"MODEL_DIR={s['MODEL_DIR']} does not exist; download the BF16 model there (e.g. hf "
+                           f"download Qwen/{s.profile.hf_name} --local-dir {s['MODEL_DIR']})")
+        tools = Path(s["SLIME_DIR"], "tools")
+        if self.torch_dist == "missing":
+            if not (tools / "convert_hf_to_torch_dist.py").is_file():
+                out.append(f"SLIME_DIR={s['SLIME_DIR']} has no tools/convert_hf_to_torch_dist.py")
+            if not self.dry_run and shutil.which("torchrun") is None:
+                out.append("torchrun not found on PATH (it comes with torch in the slimerl/slime image)")
+        if self.fp8 == "missing" and not (tools / "convert_hf_to_fp8.py").is_file():
+            out.append(f"SLIME_DIR={s['SLIME_DIR']} has no tools/convert_hf_to_fp8.py")
+        if self.converts and not self.dry_run:
+            out += local_gpu_problems(s) + import_problems(s, ("slime", "megatron.training"))
+        return out
+
+    def _show_and_run(self, words: Sequence[str]) -> bool:
+        print(format_command(words), flush=True)
+        return self.dry_run or subprocess.run(list(words)).returncode == 0
+
+    def _convert(self, name: str, directory: str, verify: Callable[[str], str], words: Sequence[str]) -> None:
+        partial = f"{directory}.partial"
+        if Path(partial).exists():
+            self.note(f"[{name}] removing {partial}, left by an interrupted run")
+            self._show_and_run(["rm", "-rf", "--", partial])
+        if not self._show_and_run(words):
+            raise PrepareFailed(f"[{name}] conversion failed; {partial} is incomplete and will be redone by the next "
+                                "--prepare")
+        if not self.dry_run:
+            problem = verify(partial)
+            if problem:
+                raise PrepareFailed(f"[{name}] conversion finished but its output is not usable: {problem} (left in "
+                                    f"{partial})")
+        self._show_and_run(["touch", f"{partial}/{COMPLETE_MARKER}"])
+        self._show_and_run(["mv", "--", partial, directory])
+
+    def run(self) -> None:
+        """The three steps, each skipped when its output is complete; raises :class:`PrepareFailed`."""
+        s, pythonpath = self.s, job_pythonpath(self.s)
+        if self.data_missing:
+            print(f"# [data] {len(self.data_missing)} of {self.data_files} files missing in DATA_DIR={s['DATA_DIR']}: "
+                  "write them", flush=True)
+            if not self._show_and_run(["env", f"PYTHONPATH={s['REPO_ROOT']}", s["PYTHON"], "-m", DATA_MODULE,
+                                       "--out", s["DATA_DIR"], *s["DATA_ARGS"].split()]):
+                raise PrepareFailed(f"[data] python -m {DATA_MODULE} failed (it needs the Hugging Face hub, or "
+                                    "DATA_ARGS='--source NAME=PATH ...')")
+        else:
+            print(f"# [data] skip: DATA_DIR={s['DATA_DIR']} has every file", flush=True)
+
+        if self.torch_dist == "missing":
+            print(f"# [torch_dist] convert MODEL_DIR={s['MODEL_DIR']} to TORCH_DIST_DIR={s['TORCH_DIST_DIR']}",
+                  flush=True)
+            self._convert("torch_dist", s["TORCH_DIST_DIR"], _verify_torch_dist, [
+                "env", f"PYTHONPATH={pythonpath}", "torchrun", "--nproc-per-node", s["GPUS_PER_NODE"],
+                f"{s['SLIME_DIR']}/tools/convert_hf_to_torch_dist.py", *self.model.args,
+                "--hf-checkpoint", s["MODEL_DIR"], "--save", f"{s['TORCH_DIST_DIR']}.partial"])
+        else:
+            print(f"# [torch_dist] skip: TORCH_DIST_DIR={s['TORCH_DIST_DIR']} is {self.torch_dist}", flush=True)
+
+        if self.fp8 == "missing":
+            print(f"# [fp8] convert MODEL_DIR={s['MODEL_DIR']} to FP8_HF_DIR={s['FP8_HF_DIR']} (block 128x128 e4m3)",
+                  flush=True)
+            self._convert("fp8", s["FP8_HF_DIR"], self._verify_fp8, [
+                "env", f"PYTHONPATH={pythonpath}", s["PYTHON"], f"{s['SLIME_DIR']}/tools/convert_hf_to_fp8.py",
+                "--model-dir", s["MODEL_DIR"], "--save-dir", f"{s['FP8_HF_DIR']}.partial", "--strategy", "block",
+                "--block-size", "128", "128", "--max-workers", s["FP8_CONVERT_WORKERS"]])
+        else:
+            print(f"# [fp8] skip: FP8_HF_DIR={s['FP8_HF_DIR']} is {self.fp8}", flush=True)
+
+    def _verify_fp8(self, directory: str) -> str:
+        return "; ".join(inspect_checkpoint(directory, "fp8", "FP8_HF_DIR", self.model).problems)
+
+
+def _verify_torch_dist(directory: str) -> str:
+    return "" if Path(directory, "latest_checkpointed_iteration.txt").is_file() else \
+        f"{directory} has no latest_checkpointed_iteration.txt"
+

@@ -1,0 +1,53 @@
+"""Per-model defaults of the launchers: the Hugging Face name, the parallel layout, memory settings and the model's
+recorded shape (its ``config.json`` numbers, used until the FP8 checkpoint is on disk).
+
+The layouts satisfy the rules in :mod:`.layout` on one node of 8 GPUs (``tests/launch`` checks every profile):
+
+- ``qwen3_30b_a3b``: trainer TP2 + sequence parallel, EP8, ETP1, Adam on the CPU; rollout engines of 4 GPUs (TP4,
+  as in the paper) with SGLang expert parallelism 4, so each engine holds whole experts (``moe_tp = 4 / 4 = 1``,
+  768 intermediate columns per expert shard, six FP8 blocks of 128). Without EP the shard would be 768 / 4 = 192
+  and SGLang's ``Fp8MoEMethod.create_weights`` refuses to load. slime's own FP8 recipes use EP = engine GPUs too.
+- ``qwen3_8b``: dense; trainer TP2, rollout engines of 2 GPUs (TP2, 12288 / 2 = 6144 = 48 blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model_shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Defaults of one model; every field but ``hf_name`` and ``shape`` is the default of a launcher setting."""
+
+    hf_name: str
+    shape: ModelShape
+    tp: int
+    ep: int
+    rollout_gpus_per_engine: int
+    rollout_ep: int
+    optimizer_cpu_offload: bool
+    max_tokens_per_gpu: int
+
+    @property
+    def kind(self) -> str:
+        return "MoE" if self.shape.is_moe else "dense"
+
+
+# Shapes: the config.json of Qwen/Qwen3-30B-A3B-FP8 and Qwen/Qwen3-8B-FP8 (block [128, 128] e4m3). They agree with
+# slime's scripts/models/qwen3-30B-A3B.sh and qwen3-8B.sh (recipes/<model>/model.sh), which tests/launch checks.
+PROFILES: dict[str, ModelProfile] = {
+    "qwen3_30b_a3b": ModelProfile(
+        hf_name="Qwen3-30B-A3B",
+        shape=ModelShape(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                         head_dim=128, intermediate_size=6144, vocab_size=151936, dense_layers=0, num_experts=128,
+                         moe_intermediate_size=768, num_experts_per_tok=8, weight_block_size=(128, 128)),
+        tp=2, ep=8, rollout_gpus_per_engine=4, rollout_ep=4, optimizer_cpu_offload=True, max_tokens_per_gpu=20480),
+    "qwen3_8b": ModelProfile(
+        hf_name="Qwen3-8B",
+        shape=ModelShape(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, intermediate_size=12288, vocab_size=151936, dense_layers=36,
+                         weight_block_size=(128, 128)),
+        tp=2, ep=1, rollout_gpus_per_engine=2, rollout_ep=1, optimizer_cpu_offload=False, max_tokens_per_gpu=16384),
+}
