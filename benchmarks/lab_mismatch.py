@@ -1,23 +1,40 @@
-"""Measure the CPU lab's training-inference mismatch per quantisation mode, and the speed of rollout and recompute.
+"""The CPU lab's training-inference mismatch floor per policy kind and quantisation mode, with and without routing
+replay, over seeds; and the speed of rollout, recompute and weight sync.
 
-After the (cached) warm-up, for each mode: sample ``--prompts`` x ``--samples`` responses with the engine, recompute
-their log-probs with the fp32 policy, and print token means over response tokens of |p_train - p_rollout|,
-|log ratio| and K3 (rho - 1 - log rho, rho = p_train / p_rollout), the engine's sample accuracy, and the median
-seconds per rollout, per fp32 recompute and per weight sync.
+For each policy kind (dense, MoE) and seed: the (cached) warm-up of that seed; then for each mode, ``--rollouts``
+rollouts of ``--prompts`` x ``--samples`` from the engine, each recomputed by the fp32 policy with its own routing and
+with the engine's expert sets (R3, MoE only; paired on the same tokens). Printed per policy and mode as mean
+[min, max] over seeds: the floor (median ``C_bar`` over the rollouts, what DC-GRPO's eps guard and ``eps: auto``
+measure), the floor with R3, the paired reduction by R3, the tails of ``|log ratio|`` (99th percentile, maximum) with
+and without R3, the routing flip fraction of response and prompt positions, and the mean ``|p_train - p_rollout|``
+of tokens whose routing flipped and of the others. ``--json PATH`` writes every number.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
+from mismatch_ctrl.lab.aggregate import spread
 from mismatch_ctrl.lab.engine import RolloutEngine
+from mismatch_ctrl.lab.floor import measure_floor
+from mismatch_ctrl.lab.options import seed_list
+from mismatch_ctrl.lab.policy import POLICY_KINDS
 from mismatch_ctrl.lab.quant import QUANT_MODES
-from mismatch_ctrl.lab.warmup import WARMUP_PRESETS, warmup_policy
+from mismatch_ctrl.lab.warmup import WARMUP_PRESETS, warmup_policy, warmup_preset
+
+COLUMNS = [
+    ("floor", "floor"), ("floor_r3", "floor R3"), ("replay_reduction", "R3 cut"),
+    ("log_ratio_abs_p99", "p99|lr|"), ("log_ratio_abs_p99_r3", "p99 R3"), ("log_ratio_abs_max", "max|lr|"),
+    ("log_ratio_abs_max_r3", "max R3"), ("routing_flip_fraction", "flips"), ("routing_flip_fraction_prompt", "prompt"),
+    ("discrepancy_flipped", "|dp| flip"), ("discrepancy_unflipped", "|dp| other"),
+    ("geo_log_ratio_abs_p99", "geo p99"),
+]
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -29,65 +46,78 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    s = spread(values)
+    return f"{s.mean:.3g} [{s.min:.3g}, {s.max:.3g}]" if s.n > 1 else f"{s.mean:.3g}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(WARMUP_PRESETS), default="add", help="lab task (default: add)")
-    parser.add_argument("--modes", nargs="+", choices=list(QUANT_MODES), default=list(QUANT_MODES),
-                        help="quantisation modes to measure (default: all)")
+    parser.add_argument("--policies", nargs="+", choices=sorted(POLICY_KINDS), default=["dense", "moe"],
+                        help="policy kinds (default: dense moe)")
+    parser.add_argument("--modes", nargs="+", choices=list(QUANT_MODES), default=["none", "bf16", "e4m3", "e5m2"],
+                        help="quantisation modes (default: none bf16 e4m3 e5m2)")
+    parser.add_argument("--seeds", type=seed_list, default=(0, 1, 2), help="warm-up and sampling seeds (default: "
+                        "0,1,2)")
+    parser.add_argument("--rollouts", type=int, default=10, help="rollouts per policy, mode and seed (default: 10)")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per rollout (default: 32)")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: 8)")
-    parser.add_argument("--batches", type=int, default=4, help="rollouts averaged for the mismatch (default: 4)")
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats, median reported (default: 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, the lab's setting)")
     parser.add_argument("--cache-dir", default=None, help="warm-up cache directory (default: $MISMATCH_CTRL_CACHE/lab "
                         "or ~/.cache/mismatch_ctrl/lab)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    warm = warmup_policy(WARMUP_PRESETS[args.task], cache_dir=args.cache_dir, log=print)
-    policy, task = warm.policy, warm.task
-    print(
-        f"task {task.name}: policy {policy.num_parameters()} parameters, warm-up {warm.steps} steps "
-        f"({'cached' if warm.from_cache else f'{warm.seconds:.1f} s'}), fp32 sample accuracy "
-        f"{warm.sample_accuracy:.3f}, greedy {warm.greedy_accuracy:.3f}"
-    )
-    print(f"{'mode':8} {'|dp|':>9} {'|log r|':>9} {'k3':>9} {'max|log r|':>10} {'acc':>6} "
-          f"{'rollout s':>9} {'recomp s':>9} {'sync s':>8}")
-    for mode in args.modes:
-        engine = RolloutEngine(policy, quant=mode)
-        generator = torch.Generator().manual_seed(args.seed)
-        sums = torch.zeros(3)
-        tokens, correct, samples, worst = 0, 0.0, 0, 0.0
-        for _ in range(args.batches):
-            prompts = task.make_prompts(args.prompts, generator)
-            rollout = engine.generate(prompts, args.samples, 1.0, task.max_response_len, generator)
-            mask = rollout.response_mask
-            with torch.inference_mode():
-                lp_train = policy.token_log_probs(rollout.tokens, rollout.prompt_len, mask)
-            log_ratio = (lp_train - rollout.rollout_log_probs).clamp(-20, 20)[mask]
-            prob_diff = (lp_train.exp() - rollout.rollout_log_probs.exp()).abs()[mask]
-            k3 = log_ratio.exp() - 1 - log_ratio
-            sums += torch.stack([prob_diff.sum(), log_ratio.abs().sum(), k3.sum()])
-            worst = max(worst, log_ratio.abs().max().item())
-            tokens += int(mask.sum())
-            correct += task.reward(rollout.prompts, rollout.responses).sum().item()
-            samples += rollout.prompts.shape[0]
+    results: dict[str, dict[str, list[dict]]] = {}
+    for kind in args.policies:
+        warm_rows = []
+        for seed in args.seeds:
+            warm = warmup_policy(warmup_preset(args.task, kind, seed), cache_dir=args.cache_dir)
+            policy, task = warm.policy, warm.task
+            warm_rows.append((warm.greedy_accuracy, warm.sample_accuracy))
+            for mode in args.modes:
+                floor = measure_floor(policy, task, mode, args.rollouts, args.prompts, args.samples, seed)
+                results.setdefault(f"{kind}@{mode}", {}).setdefault("seeds", []).append(floor)
+        print(f"{kind}: {policy.num_parameters()} parameters; warm-up greedy accuracy "
+              f"{cell([g for g, _ in warm_rows])}, sample accuracy {cell([s for _, s in warm_rows])}")
+        engine = RolloutEngine(policy, "e4m3")
+        generator = torch.Generator().manual_seed(0)
         prompts = task.make_prompts(args.prompts, generator)
-        rollout_s = median_seconds(
-            lambda: engine.generate(prompts, args.samples, 1.0, task.max_response_len, generator), args.repeats
-        )
-        rollout = engine.generate(prompts, args.samples, 1.0, task.max_response_len, generator)
+        rollout = engine.generate(prompts, args.samples, 1.0, task.generation_len, generator)
 
         def recompute() -> None:
             with torch.inference_mode():
                 policy.token_log_probs(rollout.tokens, rollout.prompt_len, rollout.response_mask)
 
-        recompute_s = median_seconds(recompute, args.repeats)
-        sync_s = median_seconds(lambda: engine.sync(policy), args.repeats)
-        dp, dl, k3 = (sums / tokens).tolist()
-        print(f"{mode:8} {dp:9.2e} {dl:9.2e} {k3:9.2e} {worst:10.2e} {correct / samples:6.3f} "
-              f"{rollout_s:9.4f} {recompute_s:9.4f} {sync_s:8.4f}")
+        rollout_s = median_seconds(lambda: engine.generate(prompts, args.samples, 1.0, task.generation_len,
+                                                           generator), args.repeats)
+        print(f"  e4m3 engine: rollout {rollout_s:.4f} s, fp32 recompute {median_seconds(recompute, args.repeats):.4f}"
+              f" s, weight sync {median_seconds(lambda: engine.sync(policy), args.repeats):.4f} s")
+
+    print(f"\nmean [min, max] over seeds {','.join(map(str, args.seeds))}; {args.rollouts} rollouts of "
+          f"{args.prompts} x {args.samples} per seed; floor = median C_bar over the rollouts")
+    print("| run | " + " | ".join(title for _, title in COLUMNS) + " |")
+    print("|---|" + "---|" * len(COLUMNS))
+    for name, entry in results.items():
+        values = []
+        for key, _ in COLUMNS:
+            per_seed = [s.get(key, s["medians"].get(key)) for s in entry["seeds"]]
+            values.append(cell([v for v in per_seed if v is not None]))
+        print(f"| {name} | " + " | ".join(values) + " |")
+    for mode in args.modes:
+        dense, moe = results.get(f"dense@{mode}"), results.get(f"moe@{mode}")
+        if dense and moe and mode != "none":
+            d = statistics.fmean(s["floor"] for s in dense["seeds"])
+            m = statistics.fmean(s["floor"] for s in moe["seeds"])
+            print(f"{mode}: MoE floor / dense floor = {m / d:.2f} (means {m:.4g} / {d:.4g})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "json"}, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from .errors import ConfigError
@@ -29,46 +31,84 @@ def _lab(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .lab.methods import RunSpec
-    from .lab.run import run_lab
+    from .lab.options import resolve
+    from .lab.policy import POLICY_KINDS
+    from .lab.run import rewrite_report, run_lab
     from .lab.trainer import LabSettings
 
+    if ns.report_only:
+        try:
+            result = rewrite_report(Path(ns.out), "mismatch-ctrl lab " + " ".join(sys.argv[2:]))
+        except ValueError as exc:
+            print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
+            return 2
+        print(f"report: {result.report}")
+        return 0
+    o = resolve(ns)
     try:
-        runs = [RunSpec.parse(m, ns.quant) for m in ns.methods.split(",") if m.strip()]
+        experts = POLICY_KINDS[o["policy"]].get("n_experts", 0)
+        try:
+            runs = [RunSpec.parse(m, o["quant"], experts) for m in o["methods"].split(",") if m.strip()]
+        except (ValueError, ConfigError) as exc:
+            raise ValueError(f"--methods: {exc}") from None
+        labels = [run.label for run in runs]
         if not runs:
-            raise ValueError("--methods: give at least one METHOD[@QUANT]")
-        settings = LabSettings(task=ns.task, steps=ns.steps, lr=ns.lr, seed=ns.seed, eval_every=ns.eval_every,
-                               prompts_per_step=ns.prompts, samples_per_prompt=ns.samples,
-                               dump_details=ns.dump_details)
+            raise ValueError("--methods: give at least one METHOD[@QUANT][+r3]")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"--methods: each run once, got {', '.join(labels)}")
+        settings = LabSettings(task=o["task"], policy=o["policy"], steps=o["steps"], lr=o["lr"],
+                               seed=o["seeds"][0], eval_every=o["eval_every"], prompts_per_step=o["prompts"],
+                               samples_per_prompt=o["samples"], dump_details=ns.dump_details)
     except (ValueError, ConfigError) as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 2
     result = run_lab(runs, settings, Path(ns.out), jobs=ns.jobs, command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
-                     cache_dir=ns.cache_dir)
+                     cache_dir=ns.cache_dir, seeds=o["seeds"])
     print(f"\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
     return 0
 
 
 def _analyze(ns: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .analyze import AnalyzeOptions, DumpError, analyze_dumps, write_report
+    from .errors import InputError
 
     options = AnalyzeOptions(config=ns.config, architecture=ns.arch, num_experts=ns.num_experts,
                              hf_config=ns.hf_config, eps=ns.eps, lambda_0=ns.lambda_0, eta=ns.eta,
-                             max_response_len=ns.max_response_len)
+                             max_response_len=ns.max_response_len, unsafe_load=ns.unsafe_load)
+    out = Path(ns.out) if ns.out else Path(ns.directory) / "analysis"
+    json_path = Path(ns.json) if ns.json not in (None, "-") else None
     try:
+        _check_outputs(out, json_path)
         result = analyze_dumps(ns.directory, options)
-    except (ConfigError, DumpError) as exc:
+        report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=1) + "\n")
+    except (ConfigError, DumpError, InputError) as exc:
         print(f"mismatch-ctrl analyze: {exc}", file=sys.stderr)
         return 2
-    report = write_report(result, Path(ns.out) if ns.out else Path(ns.directory) / "analysis",
-                          command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
+    except OSError as exc:
+        print(f"mismatch-ctrl analyze: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if ns.json == "-":
         print(json.dumps(result, indent=1))
-    elif ns.json:
-        Path(ns.json).write_text(json.dumps(result, indent=1) + "\n")
     print(f"report: {report}", file=sys.stderr if ns.json == "-" else sys.stdout)
     return 0
+
+
+def _check_outputs(out: Path, json_path: Path | None) -> None:
+    """Refuse output paths that cannot be written before the analysis spends any time."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory; give a directory for report.md and plots/")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {existing} is not writable")
+    if json_path is not None:
+        if json_path.is_dir():
+            raise ConfigError(f"--json {json_path}: is a directory; give a file name (or '-' for standard output)")
+        if not json_path.parent.is_dir():
+            raise ConfigError(f"--json {json_path}: the directory {json_path.parent} does not exist; create it first")
+        if not os.access(json_path.parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"--json {json_path}: {json_path.parent} is not writable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,39 +129,54 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print every resolved setting as JSON")
     check.set_defaults(run=_check_config)
 
-    from .lab.run import DEFAULT_METHODS, default_jobs
+    from .lab import options
+    from .lab.run import default_jobs
 
+    d = options.LAB_DEFAULTS
     lab = sub.add_parser(
-        "lab", help="CPU lab: FP8-engine RL on a tiny policy, every method through the slime hooks",
-        description="Warm up a tiny transformer on a verifiable task (cached), then train it with GRPO from rollouts "
-                    "of an FP8-quantised copy, once per method, calling mismatch_ctrl's slime hooks as slime does. "
-                    "Writes OUT/report.md, OUT/plots/*.png and OUT/<run>/metrics.jsonl.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    lab.add_argument("--methods", default=DEFAULT_METHODS,
-                     help="comma list of runs METHOD[@QUANT]; METHOD is a configs/methods file or a lab variant "
-                          "(dcgrpo_tight_noguard, dcgrpo_tight_guard)")
-    lab.add_argument("--quant", default="e4m3",
+        "lab", help="CPU lab: FP8-engine RL on a tiny MoE policy, every method through the slime hooks",
+        description="Warm up a tiny transformer (mixture-of-experts by default) on a verifiable task (cached), then "
+                    "train it with GRPO from rollouts of an FP8-quantised copy, once per method and seed, calling "
+                    "mismatch_ctrl's slime hooks as slime does. Writes OUT/report.md, OUT/summary.json, "
+                    "OUT/plots/*.png and OUT/<run>/seed<k>/metrics.jsonl.")
+    lab.add_argument("--preset", choices=sorted(options.LAB_PRESETS),
+                     help="named settings (see the README); explicit flags override them")
+    lab.add_argument("--methods", help="comma list of runs METHOD[@QUANT][+r3]; METHOD is a configs/methods file or a "
+                                       "lab variant (dcgrpo_tight_noguard, dcgrpo_tight_guard, dcgrpo_centered, "
+                                       "geo_rs_e4m3, geo_rs_e5m2); +r3: rollout routing replay (default: "
+                                       f"{d['methods']})")
+    lab.add_argument("--quant", type=options.quant_mode,
                      help="rollout engine quantisation for runs without @QUANT: e4m3 (weights, activations and LM "
-                          "head), e4m3-w (weights only), e5m2, bf16, none")
-    lab.add_argument("--task", default="add", help="add (reversed addition, ~5-token answers) or reverse (long "
-                                                   "answers, 32-64 tokens: the stress task)")
-    lab.add_argument("--steps", type=int, default=200, help="rollouts (training iterations) per run")
-    lab.add_argument("--lr", type=float, default=1.5e-3,
-                     help="Adam learning rate (1.5e-3: the edge of stability of the add task, see the README)")
-    lab.add_argument("--seed", type=int, default=0, help="seed of prompts, sampling and data order")
-    lab.add_argument("--prompts", type=int, default=32, help="prompts per rollout")
-    lab.add_argument("--samples", type=int, default=8, help="samples per prompt")
-    lab.add_argument("--eval-every", type=int, default=20, help="rollouts between held-out evaluations")
-    lab.add_argument("--jobs", type=int, default=default_jobs(), help="runs trained in parallel (one thread each)")
-    lab.add_argument("--out", default="runs/lab", help="output directory")
+                          f"head), e4m3-w (weights only), e5m2, bf16, none (default: {d['quant']})")
+    lab.add_argument("--policy", type=options.policy_kind,
+                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256); both ~105k "
+                          f"parameters (default: {d['policy']})")
+    lab.add_argument("--task", choices=("add", "reverse"),
+                     help="add (reversed addition, ~5-token answers) or reverse (long answers, 32-64 tokens: the "
+                          f"stress task) (default: {d['task']})")
+    lab.add_argument("--steps", type=options.positive_int,
+                     help=f"rollouts (training iterations) per run (default: {d['steps']})")
+    lab.add_argument("--lr", type=options.learning_rate, help=f"Adam learning rate (default: {d['lr']})")
+    lab.add_argument("--seeds", type=options.seed_list,
+                     help="comma list of seeds; each seeds a warm-up and one run of every method, and the report "
+                          "gives mean and 95%% interval over them (default: 0)")
+    lab.add_argument("--prompts", type=options.positive_int, help=f"prompts per rollout (default: {d['prompts']})")
+    lab.add_argument("--samples", type=options.group_size, help=f"samples per prompt (default: {d['samples']})")
+    lab.add_argument("--eval-every", type=options.positive_int,
+                     help=f"rollouts between held-out evaluations (default: {d['eval_every']})")
+    lab.add_argument("--jobs", type=options.positive_int, default=default_jobs(),
+                     help="runs trained in parallel, one thread each (default: the number of CPU cores)")
+    lab.add_argument("--out", type=options.directory, default="runs/lab", help="output directory (default: runs/lab)")
     lab.add_argument("--dump-details", action="store_true",
-                     help="also write each rollout's batch in slime's --dump-details format to OUT/<run>/dump/ "
+                     help="also write each rollout's batch in slime's --dump-details format to OUT/<run>/seed<k>/dump/ "
                           "(input of mismatch-ctrl analyze)")
-    lab.add_argument("--cache-dir", default=None, help="warm-up cache (default $MISMATCH_CTRL_CACHE/lab or "
-                                                       "~/.cache/mismatch_ctrl/lab)")
+    lab.add_argument("--report-only", action="store_true",
+                     help="train nothing: write OUT's summary, report and plots again from its runs' metrics")
+    lab.add_argument("--cache-dir", type=options.directory,
+                     help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
     lab.set_defaults(run=_lab)
 
-    from .analyze.analysis import eps_option
+    from .analyze.analysis import eps_option, number_option, positive_int_option
 
     analyze = sub.add_parser(
         "analyze", help="calibrate eps and preview every controller on a slime run's --dump-details dumps",
@@ -138,14 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) of the model")
     analyze.add_argument("--config", help="method YAML (or the name of one in configs/methods/) whose dcgrpo and "
                                           "lr_decay settings drive the replay (default dcgrpo_length_decay)")
-    analyze.add_argument("--eps", type=eps_option, help="DC-GRPO budget for the replay: a number or 'auto'")
-    analyze.add_argument("--lambda-0", type=float, help="initial DC-GRPO multiplier for the replay")
-    analyze.add_argument("--eta", type=float, help="dual step size for the replay")
-    analyze.add_argument("--max-response-len", type=int,
+    analyze.add_argument("--eps", type=eps_option, help="DC-GRPO budget for the replay: a number in (0, 1) or 'auto'")
+    analyze.add_argument("--lambda-0", type=number_option(0.0), help="initial DC-GRPO multiplier for the replay (>= 0)")
+    analyze.add_argument("--eta", type=number_option(0.0, strict=True), help="dual step size for the replay (> 0)")
+    analyze.add_argument("--max-response-len", type=positive_int_option,
                          help="slime's --rollout-max-response-len: truncation rate (when the dump does not record "
                               "truncation) and the surge detector's cap (default: the longest truncated response)")
     analyze.add_argument("--json", metavar="PATH", help="also write every number of the report as JSON to PATH "
                                                         "('-': standard output)")
+    analyze.add_argument("--unsafe-load", action="store_true",
+                         help="load the dumps with torch.load(weights_only=False), as slime itself does: a crafted "
+                              "dump can then run arbitrary code on this machine. Only for dumps of your own runs that "
+                              "the default safe load refuses (the error names the type it met)")
     analyze.set_defaults(run=_analyze)
     return parser
 

@@ -3,7 +3,9 @@
 Mirrors SGLang in slime: the engine holds FP8 (or BF16) weights re-quantised from the trainer's fp32 weights at every
 ``sync``; each sampled token's log-prob is ``log_softmax(logits / temperature)`` from the same forward that sampled
 it; a response stops at EOS, which is its last token. Each prompt is prefilled once and its KV cache shared by its
-samples; decoding runs one batch over all prompts x samples.
+samples; decoding runs one batch over all prompts x samples. For a mixture-of-experts policy the engine records the
+expert set it used at every position it computed, prompt positions included (SGLang's ``return_routed_experts``,
+slime's ``Sample.rollout_routed_experts`` of shape [tokens - 1, layers, top_k]).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ class Rollout:
     prompts: LongTensor [N, P]; responses: LongTensor [N, R], PAD after each response's last token;
     response_lengths: LongTensor [N], tokens generated (EOS included); rollout_log_probs: float32 [N, R],
     the engine's log-prob of each generated token, 0 after the end; truncated: BoolTensor [N], True when the
-    response hit ``max_new_tokens`` without EOS.
+    response hit ``max_new_tokens`` without EOS; routing (MoE only, else None): LongTensor [N, P + R - 1, layers,
+    top_k], the expert sets of the positions the engine fed (``tokens[:, :-1]``; after a response's end, whatever
+    the engine computed there).
     """
 
     prompts: Tensor
@@ -34,6 +38,7 @@ class Rollout:
     rollout_log_probs: Tensor
     truncated: Tensor
     n_samples: int
+    routing: Tensor | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -104,9 +109,19 @@ class RolloutEngine:
         temperature: float = 1.0,
     ) -> Tensor:
         """The engine's teacher-forced log-probs of ``tokens[:, prompt_len:]`` (see ``TinyPolicy.token_log_probs``)."""
+        return self.score(tokens, prompt_len, response_mask, temperature)[0]
+
+    def score(
+        self,
+        tokens: Tensor,
+        prompt_len: int,
+        response_mask: Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The engine's teacher-forced log-probs and routing (see ``TinyPolicy.score``), without the KV cache."""
         with torch.inference_mode():
-            log_probs = self.model.token_log_probs(tokens, prompt_len, response_mask, temperature)
-        return log_probs.clone()
+            log_probs, routing, _ = self.model.score(tokens, prompt_len, response_mask, temperature)
+        return log_probs.clone(), None if routing is None else routing.clone()
 
     def _decode(
         self,
@@ -130,7 +145,9 @@ class RolloutEngine:
             )
         with torch.inference_mode():
             prefill = self.model.new_cache(prompts.shape[0], prompt_len)
-            hidden = self.model.hidden_states(prompts.long(), prefill)[:, -1].repeat_interleave(n_samples, dim=0)
+            forward = self.model.run(prompts.long(), prefill)
+            hidden = forward.hidden[:, -1].repeat_interleave(n_samples, dim=0)
+            routes = [] if forward.routing is None else [forward.routing.repeat_interleave(n_samples, dim=0)]
             cache = prefill.repeat_rows(n_samples, prompt_len + max_new)
             repeated = prompts.long().repeat_interleave(n_samples, dim=0)
             n = repeated.shape[0]
@@ -155,7 +172,10 @@ class RolloutEngine:
                 steps += 1
                 if steps == max_new or bool(finished.all()):
                     break
-                hidden = self.model.hidden_states(token[:, None], cache)[:, -1]
+                forward = self.model.run(token[:, None], cache)
+                hidden = forward.hidden[:, -1]
+                if forward.routing is not None:
+                    routes.append(forward.routing)
         return Rollout(
             prompts=repeated.clone(),
             responses=responses[:, :steps].clone(),
@@ -163,4 +183,5 @@ class RolloutEngine:
             rollout_log_probs=log_probs[:, :steps].clone(),
             truncated=~finished,
             n_samples=n_samples,
+            routing=torch.cat(routes, dim=1).clone() if routes else None,
         )

@@ -1,8 +1,9 @@
 """Which ``mismatch_ctrl`` configuration each lab run uses.
 
 A lab method is a file of ``configs/methods/`` (the very YAML users pass to slime) plus the lab's adjustments below,
-or one of the lab's own variants (the infeasible-budget demonstration). A run is ``method`` or ``method@quant``
-(e.g. ``grpo@none``: plain GRPO with an exact fp32 rollout engine, the control).
+or one of the lab's own variants (the infeasible-budget demonstration). A run is ``method``, ``method@quant``
+(e.g. ``grpo@none``: plain GRPO with an exact fp32 rollout engine, the control), and either with ``+r3``: rollout
+routing replay (slime's ``--use-rollout-routing-replay``), the trainer's forwards use the engine's expert sets.
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ _TIGHT = {"eps": 1.0e-4, "lambda_max": 50.0, "eta": 10.0}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dcgrpo_tight_noguard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "off"}}),
     "dcgrpo_tight_guard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "clamp"}}),
+    "dcgrpo_centered": ("dcgrpo", {"dcgrpo": {"penalty_form": "centered"}}),
+    "geo_rs_e4m3": ("geo_mis", {"correction": {"rs_low": 0.87, "rs_high": 1.15}}),
+    "geo_rs_e5m2": ("geo_mis", {"correction": {"rs_low": 0.76, "rs_high": 1.31}}),
 }
-"""DC-GRPO with eps far below the FP8 engine's discrepancy floor and a large lambda_max, without and with the
-infeasible-budget guard (ALGORITHMS.md section 2); eta = 10 lets lambda climb within a lab run's 200 rollouts."""
+"""``dcgrpo_tight_*``: DC-GRPO with eps far below the FP8 engine's discrepancy floor and a large lambda_max, without
+and with the infeasible-budget guard (ALGORITHMS.md section 2); eta = 10 lets lambda climb within a lab run's 200
+rollouts. ``dcgrpo_centered``: DC-GRPO with the penalty ``lambda (c - eps)`` (ALGORITHMS.md section 2), zero on
+average at the budget instead of always pushing the sampled tokens down. ``geo_rs_e4m3`` / ``geo_rs_e5m2``: Geo-RS
+with its band calibrated to the lab's MoE engine in that format: 99% of the warmed-up policies' sequences have
+|geometric-mean log-ratio| <= 0.14 with e4m3 and <= 0.27 with e5m2 (``benchmarks/lab_mismatch.py``, 3 seeds:
+0.127-0.170 and 0.245-0.289), so the bands [exp(-0.14), exp(0.14)] = [0.87, 1.15] and [0.76, 1.31] reject about 1%
+of the sequences at the start and more as the mismatch grows."""
 
 
 def method_names() -> list[str]:
@@ -48,22 +58,32 @@ def method_section(name: str) -> dict[str, Any]:
     return section
 
 
+REPLAY_SUFFIX = "+r3"
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One lab run: a method and the rollout engine's quantisation mode."""
+    """One lab run: a method, the rollout engine's quantisation mode, and whether routing replay (R3) is on."""
 
     method: str
     quant: str
+    replay: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.method}@{self.quant}"
+        return f"{self.method}@{self.quant}{REPLAY_SUFFIX if self.replay else ''}"
 
     @classmethod
-    def parse(cls, text: str, default_quant: str) -> RunSpec:
-        """``"dcgrpo"`` or ``"grpo@none"``; the method (with the lab's dense architecture) and the quantisation mode
-        are validated."""
-        method, _, quant = text.strip().partition("@")
-        build_config(method_section(method), architecture="dense")
+    def parse(cls, text: str, default_quant: str, num_experts: int = 0) -> RunSpec:
+        """``"dcgrpo"``, ``"grpo@none"``, ``"grpo+r3"`` or ``"grpo@e5m2+r3"``. The method's config is built the way
+        the hooks build it (``num_experts`` > 0 resolves the MoE defaults); the quantisation mode is validated, and
+        ``+r3`` needs experts."""
+        text = text.strip()
+        replay = text.endswith(REPLAY_SUFFIX)
+        method, _, quant = text.removesuffix(REPLAY_SUFFIX).partition("@")
+        build_config(method_section(method), num_experts=num_experts)
         as_quant_config(quant or default_quant)
-        return cls(method, quant or default_quant)
+        if replay and not num_experts:
+            raise ValueError(f"run {text!r}: routing replay ({REPLAY_SUFFIX}) needs a mixture-of-experts policy "
+                             "(--policy moe)")
+        return cls(method, quant or default_quant, replay)

@@ -12,6 +12,11 @@ scale per token and group of 128 features (= per token row when the width is <= 
 Rounding is round-to-nearest-even by casting to ``torch.float8_e4m3fn`` (max 448) / ``torch.float8_e5m2``
 (max 57344) and back, which works on CPU. ``bf16`` rounds weights, linear inputs and outputs and the embedding
 tables to bfloat16 (a mild, BF16-engine-like mismatch).
+
+Mixture-of-experts layers: every expert's two matrices are quantised like the other linears (one block-scaled
+matrix per expert, activations per token and expert); the router ``gate`` is never quantised, as FP8 checkpoints
+of Qwen3-MoE keep ``mlp.gate`` out of the FP8 conversion. Routing flips therefore come from the quantised hidden
+states the router reads, as on the real stack.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .policy import Experts
+
 FP8_FORMATS: dict[str, tuple[torch.dtype, float]] = {
     "e4m3": (torch.float8_e4m3fn, 448.0),
     "e5m2": (torch.float8_e5m2, 57344.0),
 }
 FORMATS = ("none", "bf16", *FP8_FORMATS)
 BLOCK = 128
+ROUTER_NAME = "gate"
+"""Name of the MoE router's linear layer, which the engine keeps in full precision."""
 
 
 def _fp8(fmt: str) -> tuple[torch.dtype, float]:
@@ -168,6 +177,19 @@ def as_quant_config(quant: str | QuantConfig) -> QuantConfig:
     return quant if isinstance(quant, QuantConfig) else QuantConfig.from_mode(quant)
 
 
+def _quantize_input(x: Tensor, config: QuantConfig) -> Tensor:
+    """A linear layer's input as the engine feeds it: FP8 per token (and group), or bf16-rounded."""
+    if config.activations and config.fmt in FP8_FORMATS:
+        return quantize_activations(x, config.fmt, config.block)
+    if config.activations and config.fmt == "bf16":
+        return round_bf16(x)
+    return x
+
+
+def _round_output(y: Tensor, config: QuantConfig) -> Tensor:
+    return round_bf16(y) if config.fmt == "bf16" else y
+
+
 class QuantLinear(nn.Module):
     """Stand-in for an ``nn.Linear`` computing with quantised weights (and optionally inputs); no gradients."""
 
@@ -188,16 +210,43 @@ class QuantLinear(nn.Module):
             self.bias.copy_(round_bf16(bias) if self.config.fmt == "bf16" else bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        fmt = self.config.fmt
-        if self.config.activations and fmt in FP8_FORMATS:
-            x = quantize_activations(x, fmt, self.config.block)
-        elif self.config.activations and fmt == "bf16":
-            x = round_bf16(x)
-        y = F.linear(x, self.weight, self.bias)
-        return round_bf16(y) if fmt == "bf16" else y
+        return _round_output(F.linear(_quantize_input(x, self.config), self.weight, self.bias), self.config)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.config.mode}"
+
+
+class QuantExperts(nn.Module):
+    """Stand-in for ``policy.Experts``: each expert's fc1 / fc2 matrix block-quantised on its own, the input of each
+    expert matrix quantised per token (fc2's per token and expert); biases as ``QuantLinear``'s; no gradients."""
+
+    def __init__(self, experts: Experts, config: QuantConfig) -> None:
+        super().__init__()
+        self.config = config
+        for name, param in experts.named_parameters(recurse=False):
+            self.register_buffer(name, torch.empty_like(param, dtype=torch.float32))
+        self.load_from(experts)
+
+    @torch.no_grad()
+    def load_from(self, experts: Experts) -> None:
+        """Re-quantise from the fp32 experts (a weight sync)."""
+        fmt, block = self.config.fmt, self.config.block
+        for name in ("fc1_weight", "fc2_weight"):
+            stacked = getattr(experts, name)
+            getattr(self, name).copy_(torch.stack([fake_quantize_weight(w, fmt, block) for w in stacked]))
+        for name in ("fc1_bias", "fc2_bias"):
+            bias = getattr(experts, name).detach().float()
+            getattr(self, name).copy_(round_bf16(bias) if fmt == "bf16" else bias)
+
+    def forward(self, x: Tensor, weights: Tensor) -> Tensor:
+        config = self.config
+        hidden = torch.einsum("...d,efd->...ef", _quantize_input(x, config), self.fc1_weight) + self.fc1_bias
+        hidden = F.gelu(_round_output(hidden, config))
+        out = torch.einsum("...ef,edf->...ed", _quantize_input(hidden, config), self.fc2_weight) + self.fc2_bias
+        return torch.einsum("...e,...ed->...d", weights, _round_output(out, config))
+
+    def extra_repr(self) -> str:
+        return f"experts={self.fc1_weight.shape[0]}, mode={self.config.mode}"
 
 
 def _quantize_table(table: Tensor, config: QuantConfig) -> Tensor:
@@ -207,16 +256,23 @@ def _quantize_table(table: Tensor, config: QuantConfig) -> Tensor:
 
 
 def quantize_model(model: nn.Module, quant: str | QuantConfig, head_name: str = "lm_head") -> nn.Module:
-    """A frozen copy of ``model`` whose linear layers are ``QuantLinear`` per ``quant`` (the LM head, named
-    ``head_name``, only if ``quant.lm_head``); keep it in step with ``sync_quantized``."""
+    """A frozen copy of ``model`` whose linear layers are ``QuantLinear`` and whose experts are ``QuantExperts`` per
+    ``quant`` (the LM head, named ``head_name``, only if ``quant.lm_head``; MoE routers, named ``ROUTER_NAME``,
+    never); keep it in step with ``sync_quantized``."""
     config = as_quant_config(quant)
     quantized = copy.deepcopy(model)
     if config.fmt != "none":
         for name, module in list(quantized.named_modules()):
-            if isinstance(module, nn.Linear) and (config.lm_head or name != head_name):
-                parent_name, _, child = name.rpartition(".")
-                parent = quantized.get_submodule(parent_name) if parent_name else quantized
-                setattr(parent, child, QuantLinear(module, config))
+            child = name.rpartition(".")[2]
+            if isinstance(module, Experts):
+                replacement: nn.Module = QuantExperts(module, config)
+            elif isinstance(module, nn.Linear) and child != ROUTER_NAME and (config.lm_head or name != head_name):
+                replacement = QuantLinear(module, config)
+            else:
+                continue
+            parent_name = name.rpartition(".")[0]
+            parent = quantized.get_submodule(parent_name) if parent_name else quantized
+            setattr(parent, child, replacement)
     quantized.requires_grad_(False).eval()
     sync_quantized(quantized, model, config)
     return quantized
@@ -228,7 +284,7 @@ def sync_quantized(quantized: nn.Module, model: nn.Module, quant: str | QuantCon
     config = as_quant_config(quant)
     for name, source in model.named_modules():
         target = quantized.get_submodule(name) if name else quantized
-        if isinstance(target, QuantLinear):
+        if isinstance(target, (QuantLinear, QuantExperts)):
             target.load_from(source)
         elif isinstance(source, nn.Embedding):
             target.weight.copy_(_quantize_table(source.weight, config))

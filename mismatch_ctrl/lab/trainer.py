@@ -2,22 +2,26 @@
 
 One rollout (= one training iteration), as in slime with ``--colocate``:
 
-1. the rollout engine (quantised copy of the policy) samples ``prompts x samples`` responses with its own log-probs;
+1. the rollout engine (quantised copy of the policy) samples ``prompts x samples`` responses with its own log-probs
+   (and, for a mixture-of-experts policy, its expert sets);
 2. rewards are group-normalised (``(r - mean) / (std + 1e-6)`` per prompt, slime's GRPO default);
 3. the fp32 policy recomputes the old-policy log-probs (Megatron's recompute, forced by ``--get-mismatch-metrics``);
+   with routing replay (R3) this recompute and the training forwards use the engine's expert sets;
 4. ``hooks.advantages(args, rollout_data)`` once, with slime-shaped ``args`` and ``rollout_data``;
 5. per optimizer step ``hooks.before_train_step``; per micro-batch the PPO clipped surrogate, then
    ``hooks.rollout_correction`` and slime's reduction (per-sample mean with the returned masks in the numerator and
    the original mask counts as denominators, divided by the global batch size);
 6. Adam step, then the weight sync re-quantises the engine.
 
-With ``dump_details`` each rollout's batch is also written in slime's ``--dump-details`` format
-(``<run>/dump/train_data/<rollout>.pt``), which ``mismatch-ctrl analyze`` reads.
+The hooks get slime's ``args`` with ``num_experts`` = the policy's expert count, so DC-GRPO resolves its
+per-architecture defaults exactly as on the cluster. With ``dump_details`` each rollout's batch is also written in
+slime's ``--dump-details`` format (``<run>/dump/train_data/<rollout>.pt``), which ``mismatch-ctrl analyze`` reads.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from argparse import Namespace
 from dataclasses import asdict, dataclass
@@ -33,10 +37,13 @@ from ..slime import hooks
 from ..slime.runtime import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
 from .engine import RolloutEngine
 from .methods import RunSpec, method_section
-from .policy import PolicyConfig, TinyPolicy
+from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy
+from .routing import routing_metrics
 from .task import TASKS, make_task
 
 PREFIX = "mismatch_ctrl/"
+RUN_FILE = "run.json"
+LAYER_FLIPS = "routing_flip_fraction_layer"
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,9 @@ class LabSettings:
     """Everything but the method and the quantisation mode that defines a lab run."""
 
     task: str = "add"
+    policy: str = "moe"
     steps: int = 200
-    lr: float = 1.5e-3
+    lr: float = 1e-3
     seed: int = 0
     prompts_per_step: int = 32
     samples_per_prompt: int = 8
@@ -70,10 +78,12 @@ class LabSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.task not in TASKS:
             raise ValueError(f"task: unknown {self.task!r}; choose one of {sorted(TASKS)}")
+        if self.policy not in POLICY_KINDS:
+            raise ValueError(f"policy: unknown kind {self.policy!r}; choose one of {sorted(POLICY_KINDS)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2 (GRPO normalises rewards within a prompt's group)")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
     @property
     def global_batch_size(self) -> int:
@@ -97,11 +107,13 @@ class ConstantLRScheduler:
             group["lr"] = self.get_lr(group)
 
 
-def slime_args(spec: RunSpec, settings: LabSettings, max_response_len: int, state_dir: Path | None) -> Namespace:
-    """The ``args`` slime would pass to the hooks for this run (the YAML's keys merged, our hook paths set)."""
+def slime_args(spec: RunSpec, settings: LabSettings, max_response_len: int, state_dir: Path | None,
+               num_experts: int = 0) -> Namespace:
+    """The ``args`` slime would pass to the hooks for this run (the YAML's keys merged, our hook paths set, Megatron's
+    ``num_experts`` from the policy, slime's ``use_rollout_routing_replay`` for R3)."""
     return Namespace(
         mismatch_ctrl=method_section(spec.method),
-        num_experts=0,
+        num_experts=num_experts, use_rollout_routing_replay=spec.replay,
         save=str(state_dir) if state_dir else None, load=None, finetune=False, start_rollout_id=0,
         save_interval=None, num_rollout=settings.steps,
         lr=settings.lr, min_lr=0.0,
@@ -164,6 +176,11 @@ class Trainer:
         self.task = make_task(settings.task, seed=settings.seed)
         self.policy = TinyPolicy(PolicyConfig(**policy_state["policy_config"]))
         self.policy.load_state_dict(policy_state["state_dict"])
+        if self.policy.config.kind != settings.policy:
+            raise ValueError(f"policy: the settings say {settings.policy!r} but the weights are of a "
+                             f"{self.policy.config.kind!r} policy")
+        if spec.replay and not self.policy.config.n_experts:
+            raise ValueError(f"run {spec.label!r}: routing replay needs a mixture-of-experts policy")
         self.engine = RolloutEngine(self.policy, spec.quant)
         self.reference = RolloutEngine(self.policy, "none")
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=settings.lr)
@@ -171,7 +188,7 @@ class Trainer:
             group.update(max_lr=settings.lr, min_lr=0.0)
         self.scheduler = ConstantLRScheduler(self.optimizer)
         self.max_new = settings.max_new_tokens or self.task.generation_len
-        self.args = slime_args(spec, settings, self.max_new, out_dir / "state")
+        self.args = slime_args(spec, settings, self.max_new, out_dir / "state", self.policy.config.n_experts)
         hooks.on_megatron_init(self.args)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.eval_prompts = self.task.eval_prompts(settings.eval_prompts)
@@ -185,15 +202,27 @@ class Trainer:
             out[name] = float(self.task.reward(rollout.prompts, rollout.responses).mean())
         return out
 
-    def rollout_data(self, step: int) -> tuple[dict[str, Any], Any, Tensor]:
-        """Sample one rollout and build slime's ``rollout_data`` (DP-local = everything, CP = 1)."""
+    def replay(self, rollout: Any, index: list[int] | None = None) -> Tensor | None:
+        """The engine's expert sets the trainer's forward must use (R3 runs), else None."""
+        if not self.spec.replay:
+            return None
+        return rollout.routing if index is None else rollout.routing[index]
+
+    def rollout_data(self, step: int) -> tuple[dict[str, Any], Any, Tensor, dict[str, float | None]]:
+        """Sample one rollout and build slime's ``rollout_data`` (DP-local = everything, CP = 1); also the routing
+        metrics of a mixture-of-experts policy (the trainer's recompute against the engine's expert sets)."""
         s = self.settings
         prompts = self.task.make_prompts(s.prompts_per_step, self.generator)
         rollout = self.engine.generate(prompts, s.samples_per_prompt, s.temperature, self.max_new, self.generator)
         raw = self.task.reward(rollout.prompts, rollout.responses)
         mask = rollout.response_mask
         with torch.inference_mode():
-            old = self.policy.token_log_probs(rollout.tokens, rollout.prompt_len, mask, s.temperature)
+            old, routing, _ = self.policy.score(rollout.tokens, rollout.prompt_len, mask, s.temperature,
+                                                self.replay(rollout))
+        routed: dict[str, float | None] = {}
+        if routing is not None:
+            prob_diff = (old.exp() - rollout.rollout_log_probs.exp()).abs()
+            routed = routing_metrics(routing, rollout.routing, rollout.prompt_len, mask, prob_diff)
         lengths = rollout.response_lengths.tolist()
         segments = Segments(lengths)
         data = {
@@ -207,7 +236,7 @@ class Trainer:
             "kl": [torch.zeros(n) for n in lengths],
             "truncated": rollout.truncated.long().tolist(),
         }
-        return data, rollout, raw
+        return data, rollout, raw, routed
 
     def train_rollout(self, step: int, data: dict[str, Any], rollout: Any) -> dict[str, float]:
         """The optimizer steps of one rollout; returns the hook's train metrics averaged like slime logs them."""
@@ -238,7 +267,8 @@ class Trainer:
         lengths = pick("response_lengths")
         segments = Segments(lengths)
         mask = rollout.response_mask[index]
-        new = self.policy.token_log_probs(rollout.tokens[index], rollout.prompt_len, mask, s.temperature)[mask]
+        new = self.policy.token_log_probs(rollout.tokens[index], rollout.prompt_len, mask, s.temperature,
+                                          self.replay(rollout, index))[mask]
         old = torch.cat(pick("log_probs"))
         advantages = torch.cat(pick("advantages"))
         pg_loss = policy_loss(old - new, advantages, s.eps_clip, s.eps_clip_high)
@@ -253,9 +283,13 @@ class Trainer:
         return token_mean_metrics(metrics, segments, torch.cat(loss_masks).float())
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Train for ``settings.steps`` rollouts; write ``metrics.jsonl``; return the run's summary."""
+        """Train for ``settings.steps`` rollouts; write ``run.json`` (the run and its settings) and
+        ``metrics.jsonl``; return the run's summary."""
         s = self.settings
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        run_info = {"method": self.spec.method, "quant": self.spec.quant, "replay": self.spec.replay,
+                    "settings": asdict(s)}
+        (self.out_dir / RUN_FILE).write_text(json.dumps(run_info, indent=1) + "\n")
         start = time.perf_counter()
         records = []
         with open(self.out_dir / "metrics.jsonl", "w") as log:
@@ -263,12 +297,12 @@ class Trainer:
                 record: dict[str, Any] = {"step": step}
                 if step % s.eval_every == 0:
                     record.update(self.evaluate())
-                data, rollout, raw = self.rollout_data(step)
+                data, rollout, raw, routed = self.rollout_data(step)
                 hooks.advantages(self.args, data)
                 if s.dump_details:
                     write_train_dump(self.out_dir / "dump", step, *samples_from_rollout_data(data))
                 record.update(reward=float(raw.mean()), response_length=float(rollout.response_lengths.float().mean()),
-                              truncated_fraction=float(rollout.truncated.float().mean()))
+                              truncated_fraction=float(rollout.truncated.float().mean()), **routed)
                 record.update({k[len(PREFIX):]: v[0] for k, v in data.items() if k.startswith(PREFIX)})
                 record.update({f"train/{k}": v for k, v in self.train_rollout(step, data, rollout).items()})
                 if step == s.steps - 1:
@@ -282,23 +316,47 @@ class Trainer:
         return summarize(self.spec, s, records)
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row of the report: accuracies, discrepancy, collapse step and wall time of a run."""
+    """One row of the report: accuracies (start, final, best, and ``late``: the mean over the evaluations of the last
+    quarter of the rollouts and the final one), reward, discrepancy (mean, max, first and last quarter), routing
+    flips, collapse step and wall time of a run."""
     evals = [r for r in records if "eval_acc_engine" in r]
     last = records[-1]
-    final = {"eval_acc_engine": last["final_eval_acc_engine"], "eval_acc_fp32": last["final_eval_acc_fp32"]}
-    evals.append(final)
+    evals.append({"step": len(records), "eval_acc_engine": last["final_eval_acc_engine"],
+                  "eval_acc_fp32": last["final_eval_acc_fp32"]})
+    late_evals = [r for r in evals if r["step"] >= len(records) - len(records) // 4]
     discrepancy = [r["discrepancy"] for r in records if "discrepancy" in r]
+    quarter = max(1, len(records) // 4)
+    rewards = [r["reward"] for r in records]
+
+    def mean_of(key: str, rows: list[dict[str, Any]] = records) -> float | None:
+        return _mean([r[key] for r in rows if r.get(key) is not None])
+
+    layer_keys = sorted(k for k in records[0] if k.startswith(LAYER_FLIPS))
     return {
-        "label": spec.label, "method": spec.method, "quant": spec.quant, "settings": asdict(settings),
-        "final_acc_engine": evals[-1]["eval_acc_engine"], "best_acc_engine": max(r["eval_acc_engine"] for r in evals),
-        "final_acc_fp32": evals[-1]["eval_acc_fp32"], "best_acc_fp32": max(r["eval_acc_fp32"] for r in evals),
+        "label": spec.label, "method": spec.method, "quant": spec.quant, "replay": spec.replay,
+        "seed": settings.seed, "settings": asdict(settings),
         "initial_acc_engine": evals[0]["eval_acc_engine"],
-        "final_reward": sum(r["reward"] for r in records[-settings.collapse_window:]) / min(len(records),
-                                                                                           settings.collapse_window),
-        "discrepancy_mean": sum(discrepancy) / len(discrepancy) if discrepancy else 0.0,
+        "final_acc_engine": evals[-1]["eval_acc_engine"], "best_acc_engine": max(r["eval_acc_engine"] for r in evals),
+        "late_acc_engine": mean_of("eval_acc_engine", late_evals),
+        "acc_change_engine": mean_of("eval_acc_engine", late_evals) - evals[0]["eval_acc_engine"],
+        "final_acc_fp32": evals[-1]["eval_acc_fp32"], "best_acc_fp32": max(r["eval_acc_fp32"] for r in evals),
+        "late_acc_fp32": mean_of("eval_acc_fp32", late_evals),
+        "final_reward": _mean(rewards[-settings.collapse_window:]),
+        "late_reward": _mean(rewards[-quarter:]),
+        "discrepancy_mean": _mean(discrepancy) or 0.0,
         "discrepancy_max": max(discrepancy, default=0.0),
-        "collapse_step": collapse_step([r["reward"] for r in records], settings.collapse_window),
+        "discrepancy_first": _mean(discrepancy[:quarter]) or 0.0,
+        "discrepancy_last": _mean(discrepancy[-quarter:]) or 0.0,
+        "routing_flip_fraction": mean_of("routing_flip_fraction"),
+        **{key: mean_of(key) for key in layer_keys},
+        "discrepancy_flipped": mean_of("discrepancy_flipped"),
+        "discrepancy_unflipped": mean_of("discrepancy_unflipped"),
+        "collapse_step": collapse_step(rewards, settings.collapse_window),
         "seconds": records[-1]["seconds"],
         "seconds_per_step": records[-1]["seconds"] / len(records),
     }

@@ -4,12 +4,15 @@ Cross-entropy on the answer tokens (EOS included) given the prompt, AdamW; in a 
 batch's examples one answer digit is replaced by a different random digit. After ``steps`` the sampling accuracy
 (fp32, temperature 1, ``eval_samples`` samples of each of ``eval_prompts`` held-out prompts) is measured; while it is
 below ``min_sample_accuracy`` training continues in chunks of ``extra_steps`` up to ``max_steps`` (the rise is steep,
-so small chunks keep the result near the threshold). The result is cached on disk, keyed by a hash of the config;
-bump ``CACHE_FORMAT`` when a code change alters what a config produces.
+so small chunks keep the result near the threshold). A mixture-of-experts policy also gets the Switch-Transformer
+load-balancing loss (``balance_coef`` x ``policy.load_balance_loss``, 1.0 at uniform load) so that no expert is left
+idle; RL then trains without it. The result is cached on disk, keyed by a hash of the config (policy kind and seed
+included); bump ``CACHE_FORMAT`` when a code change alters what a config produces.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,11 +27,11 @@ import torch
 from torch import Tensor
 
 from .engine import RolloutEngine
-from .policy import PolicyConfig, TinyPolicy
+from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy, load_balance_loss
 from .task import DIGIT0, EOS, PAD, Task, make_task
 
 CACHE_ENV = "MISMATCH_CTRL_CACHE"
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,12 @@ class WarmupConfig:
 
     task: str = "add"
     task_options: dict[str, object] = field(default_factory=dict)
+    policy: str = "moe"
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    d_ff: int = 256
+    d_ff: int | None = None
+    balance_coef: float = 0.01
     steps: int = 175
     batch_size: int = 128
     lr: float = 3e-3
@@ -62,14 +67,20 @@ class WarmupConfig:
             raise ValueError(f"WarmupConfig.corrupt_frac must be in [0, 1], got {self.corrupt_frac}")
         if self.lr <= 0:
             raise ValueError(f"WarmupConfig.lr must be > 0, got {self.lr}")
+        if self.policy not in POLICY_KINDS:
+            raise ValueError(f"WarmupConfig.policy: unknown kind {self.policy!r}; choose one of {sorted(POLICY_KINDS)}")
+        if self.balance_coef < 0:
+            raise ValueError(f"WarmupConfig.balance_coef must be >= 0, got {self.balance_coef}")
 
     def make_task(self) -> Task:
         return make_task(self.task, **self.task_options)
 
     def policy_config(self, task: Task) -> PolicyConfig:
-        return PolicyConfig.for_task(
-            task, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff
-        )
+        """The policy's shape: the kind's MLP (``POLICY_KINDS``), ``d_ff`` overriding its width if set."""
+        shape = {"d_model": self.d_model, "n_layers": self.n_layers, "n_heads": self.n_heads}
+        if self.d_ff is not None:
+            shape["d_ff"] = self.d_ff
+        return PolicyConfig.of_kind(self.policy, task, **shape)
 
     def key(self) -> str:
         """sha256 of the config (and the cache format), hex."""
@@ -81,8 +92,15 @@ WARMUP_PRESETS: dict[str, WarmupConfig] = {
     "add": WarmupConfig(),
     "reverse": WarmupConfig(task="reverse", steps=390, batch_size=64, max_steps=800, eval_prompts=128),
 }
-"""Tuned defaults per task (measured: ``add`` reaches sample accuracy 0.2-0.3 after ~200-230 steps, ~10 s on one
-thread; ``reverse`` jumps from 0 to ~0.4 exact between ~400 and ~425 steps, ~1.5 min)."""
+"""Tuned defaults per task (measured with the dense policy: ``add`` reaches sample accuracy 0.2-0.3 after ~200-230
+steps, ~10 s on one thread; ``reverse`` jumps from 0 to ~0.4 exact between ~400 and ~425 steps, ~1.5 min)."""
+
+
+def warmup_preset(task: str, policy: str = "moe", seed: int = 0) -> WarmupConfig:
+    """The task's preset for a policy kind and seed (the seed draws the initial weights and the warm-up data)."""
+    if task not in WARMUP_PRESETS:
+        raise ValueError(f"task: unknown {task!r}; choose one of {sorted(WARMUP_PRESETS)}")
+    return dataclasses.replace(WARMUP_PRESETS[task], policy=policy, seed=seed)
 
 
 @dataclass
@@ -149,8 +167,10 @@ def _train(
         prompts = task.make_prompts(config.batch_size, generator)
         labels = corrupt_answers(task.answers(prompts), config.corrupt_frac, generator)
         mask = labels != PAD
-        log_probs = policy.token_log_probs(torch.cat([prompts, labels], dim=1), task.prompt_len, mask)
-        loss = -log_probs.sum() / mask.sum()
+        scored = policy.score(torch.cat([prompts, labels], dim=1), task.prompt_len, mask)
+        loss = -scored.log_probs.sum() / mask.sum()
+        if scored.routing is not None and config.balance_coef:
+            loss = loss + config.balance_coef * load_balance_loss(scored.router_logits, scored.routing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -186,7 +206,7 @@ def _load(path: Path, task: Task, policy_config: PolicyConfig) -> WarmupResult:
 def cache_path(config: WarmupConfig, cache_dir: str | Path | None = None) -> Path:
     """File of the cached warm-up for ``config``."""
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return directory / f"warmup-{config.task}-{config.key()[:16]}.pt"
+    return directory / f"warmup-{config.task}-{config.policy}-{config.key()[:16]}.pt"
 
 
 def warmup_policy(

@@ -1,27 +1,36 @@
-"""The lab's GRPO loop through the slime hooks: a tiny end-to-end run, determinism, DC-GRPO's dual ascent, the CLI."""
+"""The lab's GRPO loop through the slime hooks: a tiny end-to-end run over seeds, determinism, routing flips and
+replay, DC-GRPO's architecture defaults and dual ascent, the CLI."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from mismatch_ctrl import cli
 from mismatch_ctrl.analyze import AnalyzeOptions, analyze_dumps
+from mismatch_ctrl.lab import run as lab_run
 from mismatch_ctrl.lab.methods import RunSpec, method_names, method_section
 from mismatch_ctrl.lab.policy import PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.run import run_lab
+from mismatch_ctrl.lab.run import rewrite_report, run_lab
 from mismatch_ctrl.lab.task import make_task
 from mismatch_ctrl.lab.trainer import LabSettings, Trainer, collapse_step, group_normalize, policy_loss
 from mismatch_ctrl.lab.warmup import WarmupConfig
+from mismatch_ctrl.slime.runtime import get_runtime
 
 TINY = dict(steps=4, prompts_per_step=4, samples_per_prompt=4, eval_every=2, eval_prompts=16)
 
 
-def random_policy_state(task: str = "add") -> dict:
-    policy = TinyPolicy(PolicyConfig.for_task(make_task(task), d_model=32, n_layers=1, n_heads=2, d_ff=64), seed=1)
+def random_policy_state(kind: str = "dense", std: float | None = None) -> dict:
+    shape = dict(d_model=32, n_layers=1, n_heads=2, d_ff=64) if kind == "dense" else \
+        dict(d_model=32, n_layers=2, n_heads=2, d_ff=16, n_experts=4, top_k=2)
+    policy = TinyPolicy(PolicyConfig.for_task(make_task("add"), **shape), seed=1)
+    if std is not None:  # large weights: peaked distributions and decisive routers
+        with torch.no_grad():
+            for name, param in policy.named_parameters():
+                if name.endswith("weight") and param.dim() >= 2:
+                    param.normal_(0.0, std, generator=torch.Generator().manual_seed(2))
     return {"policy_config": policy.config.to_dict(), "state_dict": policy.state_dict()}
 
 
@@ -29,40 +38,56 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_tiny_lab_run_writes_finite_metrics_plots_report_and_analyzable_dumps(tmp_path):
-    warmup = WarmupConfig(d_model=32, n_layers=1, d_ff=64, steps=3, max_steps=3, batch_size=16,
+def test_tiny_lab_run_over_two_seeds_writes_metrics_aggregate_plots_report_and_analyzable_dumps(tmp_path):
+    warmup = WarmupConfig(d_model=32, n_layers=1, d_ff=16, steps=3, max_steps=3, batch_size=16,
                           min_sample_accuracy=0.0, eval_prompts=8, eval_samples=1)
-    runs = [RunSpec.parse("grpo@none", "e4m3"), RunSpec.parse("dcgrpo", "e4m3"), RunSpec.parse("geo_mis", "e5m2")]
+    runs = [RunSpec.parse("grpo@none", "e4m3", 8), RunSpec.parse("dcgrpo", "e4m3", 8),
+            RunSpec.parse("geo_mis@e5m2+r3", "e4m3", 8)]
     result = run_lab(runs, LabSettings(**TINY, dump_details=True), tmp_path, jobs=2, cache_dir=tmp_path / "cache",
-                     show_progress=False, warmup=warmup)
+                     show_progress=False, warmup=warmup, seeds=(0, 1))
     report = result.report.read_text()
     for spec in runs:
         assert f"`{spec.label}`" in report
-        rows = records(tmp_path / spec.label / "metrics.jsonl")
-        assert [r["step"] for r in rows] == list(range(TINY["steps"]))
-        for row in rows:
-            assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+        for seed in (0, 1):
+            rows = records(tmp_path / spec.label / f"seed{seed}" / "metrics.jsonl")
+            assert [r["step"] for r in rows] == list(range(TINY["steps"]))
+            for row in rows:
+                assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+                assert {"routing_flip_fraction", "routing_flip_fraction_layer0", "discrepancy_flipped",
+                        "discrepancy_unflipped"} <= set(row)
+            if spec.quant == "none" or spec.replay:
+                assert all(r["routing_flip_fraction"] == 0 for r in rows)
     assert {p.name for p in result.plots} >= {"overview.png", "reward.png", "eval_accuracy.png", "discrepancy.png",
-                                              "lambda.png", "lr.png", "response_length.png", "rejected_fraction.png"}
+                                              "lambda.png", "routing_flip_fraction.png", "rejected_fraction.png"}
     assert all(p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG" for p in result.plots)
-    summaries = {s["label"]: s for s in json.loads((tmp_path / "summary.json").read_text())}
-    assert summaries["grpo@none"]["discrepancy_max"] < 1e-5 < summaries["dcgrpo@e4m3"]["discrepancy_mean"]
-    dcgrpo = records(tmp_path / "dcgrpo@e4m3" / "metrics.jsonl")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1] and len(summary["runs"]) == 2 * len(runs)
+    per_seed = {(r["label"], r["seed"]): r for r in summary["runs"]}
+    for spec in runs:
+        aggregated = summary["aggregate"][spec.label]["metrics"]["final_acc_engine"]
+        values = [per_seed[(spec.label, seed)]["final_acc_engine"] for seed in (0, 1)]
+        assert aggregated["values"] == values and aggregated["mean"] == pytest.approx(sum(values) / 2)
+    assert per_seed[("grpo@none", 0)]["discrepancy_max"] < 1e-5 < per_seed[("dcgrpo@e4m3", 0)]["discrepancy_mean"]
+    dcgrpo = records(tmp_path / "dcgrpo@e4m3" / "seed1" / "metrics.jsonl")
     assert all("lambda" in r and "train/mismatch_ctrl/k3_kl" in r for r in dcgrpo)
-    assert all("train/mismatch_ctrl/rejected_token_fraction" in r for r in records(tmp_path / "geo_mis@e5m2" /
-                                                                                    "metrics.jsonl"))
-    analysis = analyze_dumps(tmp_path / "dcgrpo@e4m3" / "dump", AnalyzeOptions(architecture="dense", progress=False))
+    assert all("train/mismatch_ctrl/rejected_token_fraction" in r
+               for r in records(tmp_path / "geo_mis@e5m2+r3" / "seed0" / "metrics.jsonl"))
+    again = rewrite_report(tmp_path)
+    assert [(s["label"], s["seed"]) for s in again.summaries] == [(r["label"], r["seed"]) for r in summary["runs"]]
+    assert again.summaries == summary["runs"] and "mismatch-ctrl lab" in again.report.read_text()
+    analysis = analyze_dumps(tmp_path / "dcgrpo@e4m3" / "seed1" / "dump",
+                             AnalyzeOptions(architecture="moe", progress=False))
     assert [r["rollout_id"] for r in analysis["rollouts"]] == list(range(TINY["steps"]))
-    recorded = [r["discrepancy"] for r in dcgrpo]
     replayed = [r["prob_diff_mean"] for r in analysis["rollouts"]]
-    assert replayed == pytest.approx(recorded, rel=1e-5)
+    assert replayed == pytest.approx([r["discrepancy"] for r in dcgrpo], rel=1e-5)
 
 
 def test_same_seed_gives_the_same_metrics_and_another_seed_does_not(tmp_path):
     state = random_policy_state()
 
     def run(seed: int, name: str) -> list[dict]:
-        trainer = Trainer(RunSpec.parse("token_tis", "e4m3"), LabSettings(**TINY, seed=seed), state, tmp_path / name)
+        trainer = Trainer(RunSpec.parse("token_tis", "e4m3"), LabSettings(**TINY, seed=seed, policy="dense"), state,
+                          tmp_path / name)
         trainer.run()
         return [{k: v for k, v in r.items() if k != "seconds"} for r in records(tmp_path / name / "metrics.jsonl")]
 
@@ -73,14 +98,46 @@ def test_same_seed_gives_the_same_metrics_and_another_seed_does_not(tmp_path):
 
 def test_dcgrpo_lambda_rises_while_the_engine_discrepancy_is_above_eps(tmp_path):
     # eps = 1e-4 far below an e5m2 engine's discrepancy, guard off: each rollout adds eta (C_bar - eps) > 0, eta = 10.
-    trainer = Trainer(RunSpec.parse("dcgrpo_tight_noguard", "e5m2"), LabSettings(**TINY), random_policy_state(),
-                      tmp_path)
+    trainer = Trainer(RunSpec.parse("dcgrpo_tight_noguard", "e5m2"), LabSettings(**TINY, policy="dense"),
+                      random_policy_state(), tmp_path)
     trainer.run()
     rows = records(tmp_path / "metrics.jsonl")
     for row, following in zip(rows, rows[1:]):
         assert row["discrepancy"] > row["eps"] == 1e-4
         assert following["lambda"] == pytest.approx(row["lambda"] + 10 * (row["discrepancy"] - row["eps"]), rel=1e-6)
         assert following["lambda"] > row["lambda"]
+
+
+def test_routing_flips_zero_without_quant_and_with_replay_positive_with_e4m3(tmp_path):
+    state = random_policy_state("moe", std=0.15)
+    settings = LabSettings(**{**TINY, "steps": 2, "prompts_per_step": 8})
+    flips = {}
+    for text in ("grpo@none", "grpo@e4m3", "grpo@e4m3+r3", "grpo@none+r3"):
+        spec = RunSpec.parse(text, "e4m3", 4)
+        Trainer(spec, settings, state, tmp_path / text).run()
+        rows = records(tmp_path / text / "metrics.jsonl")
+        flips[text] = [r["routing_flip_fraction"] for r in rows]
+        if text == "grpo@none+r3":  # R3 with an exact engine: the trainer's log-probs are the engine's
+            assert all(r["discrepancy"] < 1e-6 for r in rows)
+    assert flips["grpo@none"] == flips["grpo@e4m3+r3"] == flips["grpo@none+r3"] == [0.0, 0.0]
+    assert all(f > 0.005 for f in flips["grpo@e4m3"])
+
+
+@pytest.mark.parametrize("kind, experts, defaults", [("moe", 4, (0.05, 0.005)), ("dense", 0, (0.1, 0.0037))])
+def test_lab_dcgrpo_resolves_the_architecture_defaults_like_the_hooks(tmp_path, kind, experts, defaults):
+    trainer = Trainer(RunSpec.parse("dcgrpo", "e4m3", experts), LabSettings(**TINY, policy=kind),
+                      random_policy_state(kind), tmp_path)
+    assert trainer.args.num_experts == experts
+    config = get_runtime(trainer.args).config
+    assert config.architecture == kind and (config.dcgrpo.lambda_0, config.dcgrpo.eps) == defaults
+    data, rollout, _, _ = trainer.rollout_data(0)
+    from mismatch_ctrl.slime import hooks
+
+    hooks.advantages(trainer.args, data)
+    assert data["mismatch_ctrl/lambda"][0] == defaults[0]
+    with pytest.raises(ValueError, match="weights are of a"):
+        Trainer(RunSpec.parse("grpo", "e4m3"), LabSettings(**TINY, policy="moe"), random_policy_state("dense"),
+                tmp_path / "x")
 
 
 def test_grpo_pieces_match_slime():
@@ -109,18 +166,66 @@ def test_every_lab_method_builds_a_valid_config():
         RunSpec.parse(name, "e4m3")
     with pytest.raises(ValueError, match="unknown lab method 'nope'"):
         RunSpec.parse("nope", "e4m3")
+    assert RunSpec.parse("grpo@e5m2+r3", "e4m3", 8) == RunSpec("grpo", "e5m2", True)
+    assert RunSpec.parse("dcgrpo+r3", "e4m3", 8).label == "dcgrpo@e4m3+r3"
+    with pytest.raises(ValueError, match="needs a mixture-of-experts"):
+        RunSpec.parse("grpo+r3", "e4m3", 0)
 
 
-def test_cli_help_and_bad_method():
-    help_text = subprocess.run([sys.executable, "-m", "mismatch_ctrl", "lab", "--help"], capture_output=True,
-                               text=True, check=True).stdout
-    for flag in ("--methods", "--steps", "--quant", "--lr", "--seed", "--out", "--dump-details"):
+def test_cli_help_lists_the_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["lab", "--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    for flag in ("--methods", "--steps", "--quant", "--policy", "--lr", "--seeds", "--preset", "--out",
+                 "--dump-details", "--cache-dir"):
         assert flag in help_text
-    bad = subprocess.run([sys.executable, "-m", "mismatch_ctrl", "lab", "--methods", "grpo,nope"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown lab method 'nope'" in bad.stderr
-    cases = ((["--quant", "e9m9"], "quant mode: unknown 'e9m9'"), (["--task", "foo"], "task: unknown 'foo'"),
-             (["--methods", ","], "give at least one METHOD"))
-    for args, message in cases:
-        bad = subprocess.run([sys.executable, "-m", "mismatch_ctrl", "lab", *args], capture_output=True, text=True)
-        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr", "inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
+    (["--lr", "nan"], "argument --lr"),
+    (["--lr", "-1e-3"], "argument --lr"),
+    (["--methods", "grpo,grpo"], "--methods: each run once, got grpo@e4m3, grpo@e4m3"),
+    (["--methods", "grpo,nope"], "--methods: unknown lab method 'nope'"),
+    (["--methods", ","], "--methods: give at least one"),
+    (["--methods", "grpo+r3", "--policy", "dense"], "--methods: run 'grpo+r3': routing replay"),
+    (["--policy", "sparse"], "argument --policy: unknown policy 'sparse'"),
+    (["--seeds", "a,b"], "argument --seeds"),
+    (["--seeds", "0,0"], "argument --seeds: expected distinct"),
+    (["--seeds", "-1"], "argument --seeds"),
+    (["--seeds", ""], "argument --seeds"),
+    (["--quant", "e9m9"], "argument --quant: unknown quantisation mode 'e9m9'"),
+    (["--task", "foo"], "argument --task: invalid choice"),
+    (["--steps", "0"], "argument --steps"),
+    (["--samples", "1"], "argument --samples"),
+    (["--cache-dir", "FILE"], "argument --cache-dir: 'FILE' exists and is not a directory"),
+    (["--out", "FILE"], "argument --out"),
+])
+def test_cli_bad_input_exits_2_naming_the_flag_before_the_warm_up(tmp_path, monkeypatch, capsys, args, message):
+    def no_warmup(*_, **__):
+        raise AssertionError("the warm-up must not start")
+
+    monkeypatch.setattr(lab_run, "warmup_policy", no_warmup)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("x")
+    try:
+        code = cli.main(["lab", *args])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_presets_fill_unset_options_and_flags_override_them():
+    from mismatch_ctrl.lab.options import LAB_DEFAULTS, LAB_PRESETS, resolve
+
+    parser = cli.build_parser()
+    assert resolve(parser.parse_args(["lab"])) == LAB_DEFAULTS
+    edge = resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--lr", "2e-3", "--seeds", "7"]))
+    assert edge["quant"] == "e5m2" and edge["methods"] == LAB_PRESETS["e5m2-edge"]["methods"]
+    assert edge["lr"] == 2e-3 and edge["seeds"] == (7,) and edge["steps"] == LAB_DEFAULTS["steps"]
+    for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
+        o = resolve(parser.parse_args(["lab", "--preset", name]))
+        assert set(preset) <= set(LAB_DEFAULTS)
+        [RunSpec.parse(m, o["quant"], 8) for m in o["methods"].split(",")]

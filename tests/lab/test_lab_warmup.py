@@ -1,14 +1,18 @@
+import dataclasses
+
 import pytest
 import torch
 
 from mismatch_ctrl.lab.task import DIGIT0, EOS, PAD, AdditionTask
 from mismatch_ctrl.lab.warmup import (
     CACHE_ENV,
+    WARMUP_PRESETS,
     WarmupConfig,
     cache_path,
     corrupt_answers,
     default_cache_dir,
     warmup_policy,
+    warmup_preset,
 )
 
 
@@ -62,6 +66,19 @@ def test_training_continues_while_accuracy_is_low():
     assert low.sample_accuracy < 1.01
 
 
+def test_cache_keys_on_the_policy_kind_and_each_kind_gets_its_shape(tmp_path):
+    moe, dense = tiny(), tiny(policy="dense")
+    assert moe.key() != dense.key() and cache_path(moe, tmp_path) != cache_path(dense, tmp_path)
+    assert "-moe-" in cache_path(moe, tmp_path).name and "-dense-" in cache_path(dense, tmp_path).name
+    task = AdditionTask(max_digits=2)
+    assert moe.policy_config(task).n_experts == 8 and dense.policy_config(task).n_experts == 0
+    assert dense.policy_config(task).d_ff == 32  # the config's d_ff overrides the kind's width
+    assert warmup_preset("add", "dense", seed=3) == dataclasses.replace(WARMUP_PRESETS["add"], policy="dense", seed=3)
+    first = warmup_policy(moe, cache_dir=tmp_path)
+    assert first.policy.config.kind == "moe" and not warmup_policy(dense, cache_dir=tmp_path).from_cache
+    assert warmup_policy(moe, cache_dir=tmp_path).from_cache
+
+
 def test_cache_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert default_cache_dir() == tmp_path / "lab"
@@ -74,6 +91,8 @@ def test_key_depends_on_every_field_and_bad_config_is_named():
     assert tiny().key() == tiny().key()
     assert tiny(lr=1e-3).key() != tiny().key()
     assert tiny(task_options={"max_digits": 3}).key() != tiny().key()
+    with pytest.raises(ValueError, match="policy"):
+        tiny(policy="sparse")
     with pytest.raises(ValueError, match="max_steps"):
         tiny(max_steps=1)
     with pytest.raises(ValueError, match="corrupt_frac"):
