@@ -15,8 +15,9 @@ Advantage shaping, per response token, with the multiplier ``lambda_k`` of the c
 =================  ===========================================  ===========================================
 
 Dual update, once per rollout after shaping: ``lambda_{k+1} = clip(lambda_k + eta (C_bar_k - eps), 0, lambda_max)``
-with ``C_bar`` the mean over sequences of the per-sequence token mean of ``c`` (``seq_mean``) or the global token mean
-(``token_mean``).
+with ``C_bar`` the mean over all N sequences of the batch of the per-sequence token mean
+``C_i = sum_t m c / max(sum_t m, 1)`` (``seq_mean``; a sequence without trained tokens counts 0) or the global token
+mean (``token_mean``). A batch without any trained token has no ``C_bar``: the dual update is skipped [ours].
 
 ``eps: auto`` [ours]: the first K rollouts run with ``lambda = 0``; then ``eps = 1.1 median(C_bar)`` and
 ``lambda = lambda_0``. Infeasible-budget guard [ours]: ``floor`` = median ``C_bar`` of the first 3 rollouts (the
@@ -123,20 +124,20 @@ class ShapedAdvantages:
         self.penalty_abs_mean = self.penalty_share = 0.0
 
     def add_to(self, totals: BatchTotals) -> None:
-        """Per batch: sequences with trained tokens, the sum of their ``C_i``, trained tokens, the sum of ``c``, of
-        ``|penalty| / |lambda|`` and of ``|A|`` over trained tokens."""
+        """Per batch: sequences, the sum of ``C_i``, trained tokens, the sum of ``c``, of ``|penalty| / |lambda|``
+        and of ``|A|`` over trained tokens."""
         stats, form = self.stats, self.settings.penalty_form
         penalty = {"hinge": "dcgrpo_hinge", "centered": "dcgrpo_centered_abs"}.get(form, self.settings.signal)
         adv = 0.0 if self.seq_advantages is None else np.abs(self.seq_advantages.detach().cpu().numpy())
         signal = self.settings.signal
-        totals.add("sum", "dcgrpo", [stats.valid.sum(), stats.valid @ stats.mean(signal), stats.counts.sum(),
+        totals.add("sum", "dcgrpo", [stats.num_seqs, stats.valid @ stats.mean(signal), stats.counts.sum(),
                                      stats.sum(signal).sum(), stats.sum(penalty).sum(), (stats.counts * adv).sum()])
 
     def read(self, reduced: Mapping[str, list[float]]) -> None:
-        n_valid, sum_seq_c, n_tokens, sum_c, sum_penalty, sum_adv = reduced["dcgrpo"]
-        if n_valid == 0:
+        n_seqs, sum_seq_c, n_tokens, sum_c, sum_penalty, sum_adv = reduced["dcgrpo"]
+        if n_tokens == 0:
             return
-        self.discrepancy = sum_seq_c / n_valid if self.settings.aggregation == "seq_mean" else sum_c / n_tokens
+        self.discrepancy = sum_seq_c / n_seqs if self.settings.aggregation == "seq_mean" else sum_c / n_tokens
         if self.seq_advantages is not None:
             self.penalty_abs_mean = abs(self.lam) * sum_penalty / n_tokens
             self.penalty_share = self.penalty_abs_mean / max(sum_adv / n_tokens, 1e-8)

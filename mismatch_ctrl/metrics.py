@@ -1,9 +1,10 @@
 """Mismatch metrics with slime/verl names (ALGORITHMS.md section 6), as functions of the sequence statistics.
 
-Every metric is first a per-sequence value. A *mean* metric is averaged over the sequences that have trained tokens
-(slime's ``sum_of_sample_mean`` convention: per-sequence mean, then mean over sequences); a *max* / *min* metric
-takes the extreme over those sequences; a *total* metric sums over all sequences. Batch values are global over the
-data-parallel ranks (and complete over context-parallel shards, as the statistics are).
+Every metric is first a per-sequence value. A *mean* metric is averaged over all sequences of the batch, a sequence
+without trained tokens counting 0 (ALGORITHMS.md section 1, ``max(sum_t m, 1)``; slime's ``sum_of_sample_mean``
+divided by the number of samples); a *max* / *min* metric takes the extreme over the sequences that have trained
+tokens; a *total* metric sums over all sequences. Batch values are global over the data-parallel ranks (and complete
+over context-parallel shards, as the statistics are).
 
 Per sequence i, with masked means ``E_i[x] = sum_t m x / max(sum_t m, 1)``:
 
@@ -22,8 +23,7 @@ over the sample's trained tokens, then over samples; SLIME.md section 6), see :f
 - any other mean metric (``log_ppl_abs_diff``, per-sequence decisions) returns its per-sequence value at each of the
   sequence's tokens;
 - a batch value (max, min, diagnostics) is that value at every token: after slime's averaging it reads as the value
-  (times the fraction of samples with trained tokens, like every metric), per micro-batch, averaged over the step's
-  micro-batches.
+  (times the fraction of samples with trained tokens), per micro-batch, averaged over the step's micro-batches.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class SeqMetrics:
     """Per-sequence metric values of one batch (numpy, on the host), in blocks ``(names, values [N, k])`` by how they
     aggregate (mean, max, min, total), with the token rows of mean metrics that are token means. After the batch
     reduction (:meth:`add_to` / :meth:`read`, or :meth:`summarize`) ``summary`` holds the batch values, plus
-    ``valid_sequences`` and any batch-only value a consumer adds (e.g. the correction's diagnostics).
+    ``sequences``, ``valid_sequences`` (those with trained tokens) and any batch-only value a consumer adds (e.g. the
+    correction's diagnostics).
     ``mean`` / ``max`` / ``min`` / ``total`` give the per-sequence values by name (``[N]`` tensors)."""
 
     def __init__(self, stats: SeqStats, label: str) -> None:
@@ -118,11 +119,11 @@ class SeqMetrics:
         return self._dict("total")
 
     def add_to(self, totals: BatchTotals) -> None:
-        """The count of valid sequences and the sums over them of the mean metrics, the totals, and the maxima and
-        (negated) minima over valid sequences (``-inf`` where there is none)."""
+        """The counts of sequences and of valid ones, the sums of the mean metrics (0 for a sequence without trained
+        tokens), the totals, and the maxima and (negated) minima over valid sequences (``-inf`` where there is none)."""
         valid = self.stats.valid
-        totals.add("sum", f"{self.label}.sums",
-                   np.concatenate([[valid.sum()], valid @ self._matrix("mean"), self._matrix("total").sum(0)]))
+        totals.add("sum", f"{self.label}.sums", np.concatenate(
+            [[self.stats.num_seqs, valid.sum()], valid @ self._matrix("mean"), self._matrix("total").sum(0)]))
         extremes = np.concatenate([self._matrix("max"), -self._matrix("min")], axis=1)
         if extremes.shape[1]:
             masked = np.where(valid[:, None] > 0, extremes, -np.inf)
@@ -130,12 +131,11 @@ class SeqMetrics:
 
     def read(self, reduced: Mapping[str, list[float]]) -> None:
         """The batch values from the reduced totals (0 for a max / min without any valid sequence)."""
-        sums = reduced[f"{self.label}.sums"]
-        n_valid = sums[0]
+        n_seqs, n_valid, *sums = reduced[f"{self.label}.sums"]
         means, totals = self.names("mean"), self.names("total")
-        self.summary.update({name: sums[1 + k] / n_valid if n_valid > 0 else 0.0 for k, name in enumerate(means)})
-        self.summary.update({name: sums[1 + len(means) + k] for k, name in enumerate(totals)})
-        self.summary["valid_sequences"] = n_valid
+        self.summary.update({name: sums[k] / n_seqs if n_valid > 0 else 0.0 for k, name in enumerate(means)})
+        self.summary.update({name: sums[len(means) + k] for k, name in enumerate(totals)})
+        self.summary.update(sequences=n_seqs, valid_sequences=n_valid)
         maxima, minima = self.names("max"), self.names("min")
         if maxima or minima:
             values = reduced[f"{self.label}.extremes"]
@@ -184,7 +184,7 @@ def token_shaped(parts: Sequence[SeqMetrics], dtype: torch.dtype, broadcast: Map
     out = {name: rows[name] if name not in broadcast else
            torch.where(dropped, broadcast[name], rows[name]) if dropped is not None and name in rows else
            broadcast[name] for part in parts for name in part.names("mean")}
-    totals = {name for part in parts for name in part.names("total")} | {"valid_sequences"}
+    totals = {name for part in parts for name in part.names("total")} | {"sequences", "valid_sequences"}
     constants = {name: value for part in parts for name, value in part.summary.items()
                  if name not in out and name not in totals}
     if constants:

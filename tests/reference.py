@@ -112,10 +112,11 @@ def mismatch_metrics(seq: Seq) -> dict[str, float]:
 
 
 def summarize(rows: Sequence[dict[str, float]], counts: Sequence[float]) -> dict[str, float]:
-    """Batch values: mean over sequences with trained tokens, max / min over them, totals over all sequences."""
+    """Batch values: mean over all sequences (the per-sequence values of a sequence without trained tokens are 0),
+    max / min over the sequences with trained tokens, totals over all sequences."""
     valid = [row for row, n in zip(rows, counts) if n > 0]
     names = rows[0].keys() if rows else ()
-    out = {"valid_sequences": float(len(valid))}
+    out = {"sequences": float(len(rows)), "valid_sequences": float(len(valid))}
     for name in names:
         if name in TOTAL_METRICS:
             out[name] = sum(row[name] for row in rows)
@@ -124,7 +125,7 @@ def summarize(rows: Sequence[dict[str, float]], counts: Sequence[float]) -> dict
         elif name in MIN_METRICS:
             out[name] = min((row[name] for row in valid), default=0.0)
         else:
-            out[name] = sum(row[name] for row in valid) / len(valid) if valid else 0.0
+            out[name] = sum(row[name] for row in valid) / len(rows) if valid else 0.0
     return out
 
 
@@ -282,13 +283,12 @@ def shape_advantages(seqs: Sequence[Seq], advantages: Sequence[Sequence[float]],
         c = token_signal(seq, signal)
         pen = [penalty(x, lam, eps, form) if w > 0 else 0.0 for x, w in zip(c, seq.mask)]
         shaped.append([a - p for a, p in zip(adv, pen)])
-        if seq.count > 0:
-            seq_means.append(masked_mean(c, seq.mask))
+        seq_means.append(masked_mean(c, seq.mask))
         tokens += seq.count
         sum_c += sum(w * x for w, x in zip(seq.mask, c))
         sum_pen += sum(w * abs(p) for w, p in zip(seq.mask, pen))
         sum_adv += sum(w * abs(a) for w, a in zip(seq.mask, adv))
-    if not seq_means:
+    if tokens == 0:
         return shaped, None, 0.0, 0.0
     c_bar = sum(seq_means) / len(seq_means) if aggregation == "seq_mean" else sum_c / tokens
     pen_mean = sum_pen / tokens

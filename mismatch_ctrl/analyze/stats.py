@@ -95,11 +95,11 @@ def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dic
 
 
 def rollout_log_ppl(dump: RolloutDump) -> float:
-    """``-E_i[lp_roll]`` averaged over sequences with trained tokens (slime's ``rollout_log_ppl``)."""
+    """``-E_i[lp_roll]`` averaged over all sequences, one without trained tokens counting 0 (slime's
+    ``rollout_log_ppl``)."""
     segments = Segments(dump.response_lengths)
     if not segments.num_tokens:
         return 0.0
     mask = torch.cat(dump.loss_masks).double()
     sums = segments.sum(mask, torch.cat(dump.rollout_log_probs).double() * mask)
-    valid = sums[:, 0] > 0
-    return float((-sums[valid, 1] / sums[valid, 0]).mean()) if bool(valid.any()) else 0.0
+    return float((-sums[:, 1] / sums[:, 0].clamp_min(1.0)).mean())

@@ -142,14 +142,10 @@ def policy_loss(ppo_kl: Tensor, advantages: Tensor, eps_clip: float, eps_clip_hi
 
 
 def token_mean_metrics(metrics: dict[str, Tensor], segments: Segments, mask: Tensor) -> dict[str, float]:
-    """slime's reduction of TIS metrics: per-sample masked mean, then mean over samples (with trained tokens)."""
-    counts = segments.sum(mask)[:, 0]
-    valid = counts > 0
-    out = {}
-    for name, value in metrics.items():
-        per_sample = segments.sum(value * mask)[:, 0] / counts.clamp_min(1.0)
-        out[name] = float(per_sample[valid].mean()) if bool(valid.any()) else 0.0
-    return out
+    """slime's reduction of TIS metrics (``sum_of_sample_mean`` over the number of samples): per-sample masked mean
+    ``sum_t m x / max(sum_t m, 1)``, then the mean over all samples."""
+    counts = segments.sum(mask)[:, 0].clamp_min(1.0)
+    return {name: float((segments.sum(value * mask)[:, 0] / counts).mean()) for name, value in metrics.items()}
 
 
 def collapse_step(rewards: list[float], window: int) -> int | None:

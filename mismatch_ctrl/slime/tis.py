@@ -19,8 +19,8 @@ are global over is therefore one micro-batch slot: the k-th micro-batch of every
 
 Token form of the metrics (see :mod:`mismatch_ctrl.metrics`), as slime reads them after its per-sample and per-batch
 averaging: a mean metric reads as its batch mean over the micro-batch slot's samples; a batch value (``*_max``,
-``*_min``, ``is_ess*``, ``chi2_*``) as that value (each times the fraction of samples with trained tokens, like every
-slime metric), averaged over the step's micro-batches.
+``*_min``, ``is_ess*``, ``chi2_*``) as that value times the fraction of samples with trained tokens, averaged over the
+step's micro-batches.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def test_section_6_metrics_match_direct_computation(run):
         row = rows[r.rollout_id]
         if "log_probs" in r.omit:
             assert row["train_log_probs"] is False and "prob_diff_mean" not in row and "rejection" not in row
-            per_seq = [-ref.masked_mean(x.tolist(), m.tolist()) for x, m in zip(r.rollout, r.masks) if m.sum() > 0]
+            per_seq = [-ref.masked_mean(x.tolist(), m.tolist()) for x, m in zip(r.rollout, r.masks)]
             assert row["rollout_log_ppl"] == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-6)
             continue
         s = seqs(r)
@@ -104,10 +104,10 @@ def test_preset_rejections_match_the_reference_correction(run):
         for name in means:
             _, _, per_seq = ref.correction(PRESETS[name], s)
             tokens = sum(p["rejected_tokens"] for p in per_seq) / sum(counts)
-            valid = [p["rejected_seq_fraction"] for p, n in zip(per_seq, counts) if n > 0]
+            rejected = [p["rejected_seq_fraction"] for p in per_seq]  # 0 for a sequence without trained tokens
             got = rows[r.rollout_id]["rejection"][name]
             assert got["tokens"] == pytest.approx(tokens, abs=1e-6), (r.rollout_id, name)
-            assert got["sequences"] == pytest.approx(sum(valid) / len(valid), abs=1e-6), (r.rollout_id, name)
+            assert got["sequences"] == pytest.approx(sum(rejected) / len(rejected), abs=1e-6), (r.rollout_id, name)
             means[name].append(tokens)
     assert any(max(v) > 0 for v in means.values())  # the data exercises rejection
     for name, values in means.items():

@@ -223,12 +223,12 @@ def correction_reference(case: str, dp_size: int) -> dict[str, Any]:
             summary.update(correction.metrics.summary)
             per_sample.update({k: v.tolist() for k, v in correction.metrics.mean.items()})
             weights, keep = correction.weights, correction.mask
-        totals = {"trained_tokens", "nonfinite_tokens", "rejected_tokens", "valid_sequences"}
+        totals = {"trained_tokens", "nonfinite_tokens", "rejected_tokens", "sequences", "valid_sequences"}
         return {"samples": samples, "weights": dict(zip(samples, tb.segments.split(weights))),
                 "keep": dict(zip(samples, tb.segments.split(keep))),
                 "per_sample": {k: dict(zip(samples, v)) for k, v in per_sample.items()}, "summary": summary,
                 "names": sorted(name for name in summary if name not in totals),
-                "valid": summary["valid_sequences"]}
+                "sequences": summary["sequences"], "valid": summary["valid_sequences"]}
 
     ranks = partition(batch.size, dp_size)
     slots = [[ranks[r][j] for r in range(dp_size) for j in micro_batches(ranks[r])[k]] for k in range(2)]

@@ -102,8 +102,9 @@ def test_reference_corrections_are_not_vacuous(runs, case):
 def test_token_metrics_reduce_like_slime_to_the_core_summary(runs, case, world):
     """Metrics are token-shaped CP-local tensors; slime's reduction (per sample sum(x * chunk mask) / full mask sum,
     summed over CP ranks, DP ranks and samples) gives, per micro-batch slot, the reference's batch value times its
-    number of valid samples: for mean metrics and for batch values (max, min, diagnostics: the slot's value at
-    every token, the same on every rank). Like slime, it counts one rank per tensor-parallel group."""
+    number of samples for mean metrics, and times its number of samples with trained tokens for batch values (max,
+    min, diagnostics: the slot's value at every token, the same on every rank). Like slime, it counts one rank per
+    tensor-parallel group."""
     batch = correction_batch(case)
     totals: dict[tuple[int, str], float] = defaultdict(float)
     for rank in runs.world(world, f"correction/{case}"):
@@ -124,7 +125,7 @@ def test_token_metrics_reduce_like_slime_to_the_core_summary(runs, case, world):
                     totals[k, name] += float((piece.double() * chunk_mask).sum() / full_mask.sum().clamp_min(1.0))
     for k, ref in enumerate(reference(runs, case, runs.world(world, f"correction/{case}")[0]["view"])["slots"]):
         for name in ref["names"]:
-            expected = ref["summary"][name] * ref["valid"]
+            expected = ref["summary"][name] * (ref["sequences"] if name in ref["per_sample"] else ref["valid"])
             assert totals[k, PREFIX + name] == pytest.approx(expected, rel=RTOL, abs=1e-6), (k, name)
 
 

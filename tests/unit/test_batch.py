@@ -214,7 +214,8 @@ def test_batch_without_trained_tokens():
     rollout = [torch.tensor([-0.6, -1.4]), torch.zeros(0), torch.tensor([-1.0])]
     batch = TokenBatch.from_lists(train, rollout, [torch.zeros(2), torch.zeros(0), torch.zeros(1)])
     summary = mismatch_metrics(batch).summarize()
-    assert summary["valid_sequences"] == 0 and all(v == 0.0 for v in summary.values())
+    assert summary.pop("sequences") == 3 and summary["valid_sequences"] == 0
+    assert all(v == 0.0 for v in summary.values())
     for spec in PRESETS.values():
         result = apply_correction(spec, batch)
         assert bool((result.weights == 0).all()) and bool((result.mask == 0).all())

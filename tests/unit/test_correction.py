@@ -175,7 +175,9 @@ def test_all_rejected_batch_gives_zero_loss_and_finite_metrics(name):
     assert float((pg_loss * result.weights).sum()) == 0.0
     summary = result.metrics.summarize()
     assert all(math.isfinite(v) for v in summary.values())
-    assert summary["rejected_token_fraction"] == 1.0 and summary["is_weight_mean"] == 0.0
+    # Every trained sequence is fully rejected; the two without trained tokens count 0 in the mean.
+    assert summary["valid_sequences"] == 2 and summary["sequences"] == 4
+    assert summary["rejected_token_fraction"] == 0.5 and summary["is_weight_mean"] == 0.0
     assert summary["rejected_tokens"] == 12.0
 
 

@@ -37,21 +37,24 @@ def test_summary_matches_reference(raw):
     seqs = raw.seqs()
     expected = ref.summarize([ref.mismatch_metrics(s) for s in seqs], [s.count for s in seqs])
     got = mismatch_metrics(raw.token_batch()).summarize()
-    assert set(got) == NAMES | {"valid_sequences"}
-    for name in NAMES | {"valid_sequences"}:
+    assert set(got) == NAMES | {"sequences", "valid_sequences"}
+    for name in NAMES | {"sequences", "valid_sequences"}:
         assert got[name] == pytest.approx(expected.get(name, 0.0), rel=1e-5, abs=2e-6), name
 
 
-def test_sequences_without_trained_tokens_are_left_out_of_means():
+def test_sequences_without_trained_tokens_count_zero_in_means():
+    # ALGORITHMS.md section 1: C_i = sum_t m c / max(sum_t m, 1), averaged over all sequences (slime's
+    # sum_of_sample_mean over the number of samples); the masked-out tokens' values never enter.
     train = [torch.tensor([-1.0, -3.0]), torch.tensor([-9.0, -9.0]), torch.zeros(0)]
     rollout = [torch.tensor([-1.5, -2.0]), torch.tensor([-1.0, -1.0]), torch.zeros(0)]
     masks = [torch.ones(2), torch.zeros(2), torch.zeros(0)]
     summary = mismatch_metrics(TokenBatch.from_lists(train, rollout, masks)).summarize()
-    assert summary["valid_sequences"] == 1
-    assert summary["training_log_ppl"] == pytest.approx(2.0)
-    assert summary["rollout_log_ppl"] == pytest.approx(1.75)
-    assert summary["kl"] == pytest.approx(0.25) and summary["log_ppl_abs_diff"] == pytest.approx(0.25)
-    assert summary["logprob_abs_diff"] == pytest.approx(0.75)
+    assert summary["valid_sequences"] == 1 and summary["sequences"] == 3
+    assert summary["training_log_ppl"] == pytest.approx(2.0 / 3)
+    assert summary["rollout_log_ppl"] == pytest.approx(1.75 / 3)
+    assert summary["kl"] == pytest.approx(0.25 / 3) and summary["log_ppl_abs_diff"] == pytest.approx(0.25 / 3)
+    assert summary["logprob_abs_diff"] == pytest.approx(0.75 / 3)
+    assert summary["log_ppl_diff_max"] == pytest.approx(0.25) == summary["log_ppl_diff_min"]
 
 
 def test_sequence_mean_is_a_mean_over_sequences_not_tokens():
@@ -66,8 +69,9 @@ def test_sequence_mean_is_a_mean_over_sequences_not_tokens():
 @settings(max_examples=20, deadline=None)
 @given(raw_batches(min_seqs=1))
 def test_token_shaped_metrics_average_back_to_the_summary(raw):
-    """slime's default reducer (per-sequence mean, then mean over sequences) recovers the summary: for every mean
-    metric (token values or per-sequence values at the tokens) and every batch value (the value at every token)."""
+    """slime's default reducer (per-sequence mean, then mean over all sequences) recovers the summary: for every mean
+    metric (token values or per-sequence values at the tokens) and every batch value (the value at every token,
+    read back over the sequences with trained tokens)."""
     batch = raw.token_batch()
     metrics = mismatch_metrics(batch)
     broadcast = broadcast_means([metrics])
@@ -81,7 +85,9 @@ def test_token_shaped_metrics_average_back_to_the_summary(raw):
         assert tokens.shape == (batch.segments.num_tokens,)
         rows = batch.segments.split(tokens)
         sample_means = [ref.masked_mean(rows[i].tolist(), seqs[i].mask) for i in valid]
-        recovered = sum(sample_means) / len(valid) if valid else 0.0
+        # A mean metric reads as itself; a batch value as itself times the fraction of samples with trained tokens.
+        n = len(seqs) if name in metrics.names("mean") else len(valid)
+        recovered = sum(sample_means) / n if valid else 0.0
         assert recovered == pytest.approx(summary[name] if valid else 0.0, rel=1e-5, abs=1e-6), name
 
 
