@@ -74,7 +74,8 @@ def _analyze(ns: argparse.Namespace) -> int:
 
     options = AnalyzeOptions(config=ns.config, architecture=ns.arch, num_experts=ns.num_experts,
                              hf_config=ns.hf_config, eps=ns.eps, lambda_0=ns.lambda_0, eta=ns.eta,
-                             max_response_len=ns.max_response_len, unsafe_load=ns.unsafe_load)
+                             max_response_len=ns.max_response_len, unsafe_load=ns.unsafe_load,
+                             reward_key=ns.reward_key)
     out = Path(ns.out) if ns.out else Path(ns.directory) / "analysis"
     json_path = Path(ns.json) if ns.json not in (None, "-") else None
     try:
@@ -82,6 +83,7 @@ def _analyze(ns: argparse.Namespace) -> int:
         result = analyze_dumps(ns.directory, options)
         report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
         if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(result, indent=1) + "\n")
     except (ConfigError, DumpError, InputError) as exc:
         print(f"mismatch-ctrl analyze: {exc}", file=sys.stderr)
@@ -105,10 +107,9 @@ def _check_outputs(out: Path, json_path: Path | None) -> None:
     if json_path is not None:
         if json_path.is_dir():
             raise ConfigError(f"--json {json_path}: is a directory; give a file name (or '-' for standard output)")
-        if not json_path.parent.is_dir():
-            raise ConfigError(f"--json {json_path}: the directory {json_path.parent} does not exist; create it first")
-        if not os.access(json_path.parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"--json {json_path}: {json_path.parent} is not writable")
+        parent = next(p for p in json_path.parents if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"--json {json_path}: {parent} is not a writable directory")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-response-len", type=positive_int_option,
                          help="slime's --rollout-max-response-len: truncation rate (when the dump does not record "
                               "truncation) and the surge detector's cap (default: the longest truncated response)")
+    analyze.add_argument("--reward-key", help="slime's --reward-key: the entry of dict rewards to report (rollout "
+                                              "dumps; train dumps hold the chosen reward already)")
     analyze.add_argument("--json", metavar="PATH", help="also write every number of the report as JSON to PATH "
                                                         "('-': standard output)")
     analyze.add_argument("--unsafe-load", action="store_true",

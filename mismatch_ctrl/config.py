@@ -202,7 +202,8 @@ def _check_combination(config: Config) -> None:
         if missing:
             raise ConfigError(
                 f"{ROOT_KEY}.architecture: DC-GRPO needs {', '.join(missing)}; they default per architecture, which "
-                "could not be resolved: set architecture: dense or moe (or give the values in the dcgrpo section)")
+                "could not be resolved (no expert count: Megatron's --num-experts unset and no --hf-checkpoint "
+                "config.json): set architecture: dense or moe (or give the values in the dcgrpo section)")
     if config.acrl.enabled and config.correction.is_level is not None:
         raise ConfigError(f"{ROOT_KEY}.acrl.enabled: ACRL sets the token IS weights itself; drop the IS stage of "
                           f"correction (preset {config.correction_preset!r}) or disable acrl")

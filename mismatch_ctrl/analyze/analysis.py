@@ -50,6 +50,7 @@ class AnalyzeOptions:
     max_response_len: int | None = None
     progress: bool = True
     unsafe_load: bool = False
+    reward_key: str | None = None
 
 
 def eps_option(text: str) -> float | Literal["auto"]:
@@ -126,7 +127,7 @@ def resolve_config(options: AnalyzeOptions) -> tuple[Config, Path, str]:
 def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOptions()) -> dict[str, Any]:
     """Every number of the report for the dumps under ``directory`` (see :func:`.dumps.find_rollouts`)."""
     config, method, arch_source = resolve_config(options)
-    groups, skipped = find_rollouts(directory)
+    groups, skipped = find_rollouts(directory, options.unsafe_load)
     if not groups:
         raise DumpError(f"{directory}: no dump files ({{rollout_id}}.pt under train_data/ or rollout_data/, or "
                         "*.pt); run slime with --dump-details DIR and analyse DIR")
@@ -138,7 +139,7 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
     truncated_lengths: list[int] = []
     for files in _progress(groups, options.progress):
         try:
-            dump = read_rollout(files, options.unsafe_load)
+            dump = read_rollout(files, options.unsafe_load, options.reward_key)
             with warnings.catch_warnings():  # dropped tokens are counted in the report
                 warnings.filterwarnings("ignore", message=re.escape(DROPPED_WARNING))
                 batch = token_batch(dump, config.nonfinite)
@@ -178,7 +179,7 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
         "source": str(directory),
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
         "method": {"file": str(method), "name": config.name, "architecture": config.architecture,
-                   "architecture_source": arch_source},
+                   "architecture_source": arch_source, "dcgrpo": config.dcgrpo.enabled},
         "counts": {"rollouts": len(rows), "first": min(ids), "last": max(ids), "missing": missing_ids(ids),
                    **{f"with_{key}": sum(bool(r[key]) for r in rows)
                       for key in ("train_log_probs", "rollout_log_probs", "both_log_probs", "trained_tokens")},

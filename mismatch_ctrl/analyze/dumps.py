@@ -14,13 +14,17 @@ Layout (slime 624b824, ``slime/observability/{train,rollout}_data_utils.py``), w
   ``Sample.to_dict()`` dicts (``response_length``, ``rollout_log_probs`` list, ``loss_mask`` list or None,
   ``status`` string, ``reward``, ...); ``eval_{rollout_id}.pt`` files hold evaluations and are ignored here.
 
+Own templates (``--save-debug-train-data D/run_{rollout_id}_{rank}.pt``, ...) work too: the rollout id is the number
+of the file name that differs between the files of one template (:func:`name_ids`).
+
 The files are pickles. They are loaded with ``torch.load(weights_only=True)``, which builds only tensors, numbers,
-strings, lists and dicts (plus numpy arrays and scalars, allowed explicitly: a custom reward function may return
-them), so a crafted file cannot run code; everything slime 624b824 writes loads this way. ``unsafe_load=True``
-(``mismatch-ctrl analyze --unsafe-load``) uses ``weights_only=False`` as slime's own reader does: a dump can then run
-arbitrary code, so only for dumps of your own runs that hold other objects. A truncated, foreign or refused file is
-reported by name and skipped, as is a rollout whose id is ambiguous (``2.pt`` and ``02.pt``) or disagrees with the
-``rollout_id`` stored in the file.
+strings, lists and dicts, plus numpy arrays and scalars (a custom reward function may return them) and dates and
+times (parquet metadata), allowed explicitly, so a crafted file cannot run code. Train dumps always load this way;
+a rollout dump holds whatever the run's ``Sample`` carries, and one with other objects (multimodal inputs such as
+PIL images) is refused with the type named. ``unsafe_load=True`` (``mismatch-ctrl analyze --unsafe-load``) uses
+``weights_only=False`` as slime's own reader does: a dump can then run arbitrary code, so only for dumps of your own
+runs. A truncated, foreign or refused file is reported by name and skipped, as is a rollout whose id is ambiguous
+(``2.pt`` and ``02.pt``) or disagrees with the ``rollout_id`` stored in the file.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ FORMAT_VERSION = 2
 MAX_ID_DIGITS = 18
 """A rollout id in a file name has at most 18 digits (it fits an int64); longer numbers are not rollout ids."""
 _ID = re.compile(r"[0-9]+")
+_EVAL = re.compile(r"(?:^|[^0-9A-Za-z])eval_[0-9]+")
+"""An evaluation dump: slime formats ``{rollout_id}`` as ``eval_{rollout_id}`` for them."""
 ID_KEYS = ("rollout_position", "sample_index", "data_parallel_rank")
 CONTEXT_PARALLEL_FIELDS = ("rollout_log_probs", "teacher_log_probs", "log_probs", "ref_log_probs", "values",
                            "advantages", "returns", "kl", "entropy", "opd_reverse_kl")
@@ -266,44 +272,38 @@ class Skipped:
     reason: str
 
 
-def find_rollouts(directory: str | Path) -> tuple[list[RolloutFiles], list[Skipped]]:
+def find_rollouts(directory: str | Path, unsafe_load: bool = False) -> tuple[list[RolloutFiles], list[Skipped]]:
     """The rollouts under ``directory``, by rollout id, and the files that do not fit slime's naming.
 
     ``directory`` is the ``--dump-details`` directory (with ``train_data/`` and/or ``rollout_data/``) or a directory
-    of dump files (``--save-debug-train-data`` template); there the rollout id is the first number in the file name
-    and each file's kind is read from its content.
+    of dump files written by ``--save-debug-train-data`` / ``--save-debug-rollout-data`` templates (each file's kind
+    is then read from its content). The rollout id comes from the file names (see :func:`name_ids`); evaluation dumps
+    (slime puts ``eval_{id}`` where the template says ``{rollout_id}``) are left out. ``unsafe_load``: see the module
+    docstring (a file whose name alone does not give its id is loaded to read it).
     """
     root = Path(directory)
     if not root.is_dir():
         raise DumpError(f"{root}: not a directory; give the --dump-details directory of a slime run")
     skipped: list[Skipped] = []
-    subdirs = [root / TRAIN_DIR, root / ROLLOUT_DIR]
     groups: dict[int, dict[str, Any]] = {}
     clashes: dict[int, list[Path]] = {}
+    subdirs = [root / TRAIN_DIR, root / ROLLOUT_DIR]
     if any(d.is_dir() for d in subdirs):
-        for kind, sub in zip(("train", "rollout"), subdirs):
-            for path in sorted(sub.glob("*.pt")) if sub.is_dir() else []:
-                if path.stem.startswith("eval_"):
-                    continue
-                if not _ID.fullmatch(path.stem) or len(path.stem) > MAX_ID_DIGITS:
-                    hint = (" (a per-rank dump of slime before 681b3ad, format 1: not supported)"
-                            if re.fullmatch(r"[0-9]+_[0-9]+", path.stem) else "")
-                    skipped.append(Skipped(str(path), f"file name is not '{{rollout_id}}.pt'{hint}"))
-                    continue
-                group = groups.setdefault(int(path.stem), {})
-                if kind in group:
-                    clashes.setdefault(int(path.stem), [group[kind]]).append(path)
-                group[kind] = path
+        folders = [(kind, sub) for kind, sub in zip(("train", "rollout"), subdirs) if sub.is_dir()]
     else:
-        for path in sorted(root.glob("*.pt")):
-            if path.stem.startswith("eval_"):
+        folders = [("unknown", root)]
+    for kind, folder in folders:
+        paths = [p for p in sorted(folder.glob("*.pt")) if not _EVAL.search(p.stem)]
+        ids, refused = name_ids(paths, unsafe_load)
+        skipped += refused
+        for path, rid in ids.items():
+            group = groups.setdefault(rid, {})
+            if kind == "unknown":
+                group[kind] = (*group.get(kind, ()), path)
                 continue
-            number = _ID.search(path.stem)
-            if number is None or len(number.group()) > MAX_ID_DIGITS:
-                skipped.append(Skipped(str(path), "no rollout id (a number of at most 18 digits) in the file name"))
-                continue
-            group = groups.setdefault(int(number.group()), {})
-            group["unknown"] = (*group.get("unknown", ()), path)
+            if kind in group:
+                clashes.setdefault(rid, [group[kind]]).append(path)
+            group[kind] = path
     for rid, paths in clashes.items():
         files = RolloutFiles(rid, **groups.pop(rid))
         skipped.append(Skipped(", ".join(str(p) for p in files.paths),
@@ -312,16 +312,62 @@ def find_rollouts(directory: str | Path) -> tuple[list[RolloutFiles], list[Skipp
     return [RolloutFiles(rid, **groups[rid]) for rid in sorted(groups)], skipped
 
 
+def name_ids(paths: Sequence[Path], unsafe_load: bool = False) -> tuple[dict[Path, int], list[Skipped]]:
+    """The rollout id of each file, from its name, and the files left out.
+
+    slime names dumps by a path template with ``{rollout_id}`` (train dumps may also hold the writer's ``{rank}``,
+    a constant). Files of one template have the same text between their numbers; the id is the number that differs
+    between them (``run3_{rollout_id}_{rank}.pt``: the middle one). A file alone with its text, or one whose numbers
+    differ in more than one place, has its id from its single number, else from the ``rollout_id`` stored in it,
+    which must be one of the numbers of its name.
+    """
+    shapes: dict[tuple[str, ...], list[tuple[Path, list[str]]]] = {}
+    for path in paths:
+        shapes.setdefault(tuple(_ID.split(path.stem)), []).append((path, _ID.findall(path.stem)))
+    ids: dict[Path, int] = {}
+    skipped: list[Skipped] = []
+    for files in shapes.values():
+        width = len(files[0][1])
+        varying = [k for k in range(width) if len({numbers[k] for _, numbers in files}) > 1]
+        slot = varying[0] if len(varying) == 1 else 0 if width == 1 else None
+        for path, numbers in files:
+            try:
+                if not numbers:
+                    raise DumpError("no rollout id (a number) in the file name")
+                rid = _stored_id(path, numbers, unsafe_load) if slot is None else numbers[slot]
+                if len(str(rid)) > MAX_ID_DIGITS:
+                    raise DumpError(f"the rollout id in the file name has more than {MAX_ID_DIGITS} digits")
+            except DumpError as exc:
+                skipped.append(Skipped(str(path), str(exc)))
+                continue
+            ids[path] = int(rid)
+    return ids, skipped
+
+
+def _stored_id(path: Path, numbers: list[str], unsafe_load: bool) -> int:
+    """The ``rollout_id`` stored in ``path``, if it is one of the ``numbers`` of its name."""
+    stored = load_dump(path, unsafe_load).get("rollout_id")
+    if not (isinstance(stored, int) and not isinstance(stored, bool) and stored in {int(n) for n in numbers}):
+        raise DumpError(f"{path}: the name has several numbers ({', '.join(numbers)}) and the rollout_id stored in "
+                        f"the file ({brief(stored, 40)}) is none of them; name dumps by slime's template "
+                        "({rollout_id}.pt)")
+    return stored
+
+
 def safe_globals() -> list[Any]:
     """What ``weights_only`` loading may build besides tensors and plain Python data: numpy arrays and scalars of
-    numeric dtypes (their reconstruct functions under numpy 2's and numpy 1's module paths)."""
+    numeric dtypes (their reconstruct functions under numpy 2's and numpy 1's module paths), and ``datetime`` values
+    (built from their own fields; no code runs)."""
+    import datetime
+
     import numpy as np
 
     core = getattr(np, "_core", None) or np.core
     dtypes = {type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                                          np.uint32, np.uint64, np.float16, np.float32, np.float64)}
     reconstruct, scalar = core.multiarray._reconstruct, core.multiarray.scalar
-    return [np.ndarray, np.dtype, reconstruct, scalar, *sorted(dtypes, key=str),
+    return [np.ndarray, np.dtype, reconstruct, scalar, *sorted(dtypes, key=str), datetime.datetime, datetime.date,
+            datetime.time, datetime.timedelta, datetime.timezone,
             (reconstruct, "numpy.core.multiarray._reconstruct"), (scalar, "numpy.core.multiarray.scalar")]
 
 
@@ -346,9 +392,11 @@ def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
         if found is None:
             reason = text.split("WeightsUnpickler error:")[-1].split("Check the documentation")[0]
             raise DumpError(f"{path}: cannot be read as a torch dump (UnpicklingError: {_short(reason)})") from None
-        raise DumpError(f"{path}: refused: it holds the type {clip(found.group(1), 80)}, which slime's dumps never "
-                        "contain (they hold tensors, numbers, strings, lists and dicts), and unpickling it could run "
-                        "code from the file. Only if you wrote this dump yourself: rerun with --unsafe-load") from None
+        raise DumpError(f"{path}: refused: it holds the type {clip(found.group(1), 80)}, and unpickling it could run "
+                        "code from the file (safe loading builds tensors, numbers, strings, lists, dicts, numpy "
+                        "arrays and dates). A rollout dump of a run whose samples carry such objects (multimodal "
+                        "inputs) needs --unsafe-load: use it only for dumps of your own runs, or analyse the train "
+                        "dumps (--dump-details) alone") from None
     except Exception as exc:  # a truncated or foreign file can fail in pickle, zipfile or torch: report, never crash
         raise DumpError(f"{path}: cannot be read as a torch dump ({type(exc).__name__}: {_short(exc)})") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
@@ -372,12 +420,13 @@ def dump_kind(payload: Mapping[str, Any], path: str | Path) -> str:
     return "train"
 
 
-def read_rollout(files: RolloutFiles, unsafe_load: bool = False) -> RolloutDump:
+def read_rollout(files: RolloutFiles, unsafe_load: bool = False, reward_key: str | None = None) -> RolloutDump:
     """The :class:`RolloutDump` of one rollout; :class:`DumpError` names the file.
 
     The train dump is preferred; the rollout dump is loaded only when there is no train dump or the train dump lacks
     ``rollout_log_probs`` or ``truncated`` (then filled from it, joined by ``rollout_position``). Every loaded file's
-    ``rollout_id`` must be the one in its name. ``unsafe_load``: see the module docstring.
+    ``rollout_id`` must be the one in its name. ``unsafe_load``: see the module docstring. ``reward_key``: slime's
+    ``--reward-key``, for a rollout dump whose ``Sample.reward`` values are dicts.
     """
     loaded: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path in files.unknown:
@@ -397,7 +446,7 @@ def read_rollout(files: RolloutFiles, unsafe_load: bool = False) -> RolloutDump:
     if "train" not in loaded:
         if "rollout" not in loaded:
             raise DumpError(f"rollout {files.rollout_id}: no dump file")
-        return _from_rollout(files.rollout_id, loaded["rollout"][1], loaded["rollout"][0])
+        return _from_rollout(files.rollout_id, loaded["rollout"][1], loaded["rollout"][0], reward_key)
     train_path, train_payload = loaded.pop("train")
     dump = _from_train(files.rollout_id, train_payload, train_path)
     rollout_path = loaded["rollout"][0] if "rollout" in loaded else files.rollout
@@ -408,13 +457,14 @@ def read_rollout(files: RolloutFiles, unsafe_load: bool = False) -> RolloutDump:
     return dump
 
 
-def iter_rollouts(directory: str | Path, unsafe_load: bool = False) -> Iterator[RolloutDump | Skipped]:
+def iter_rollouts(directory: str | Path, unsafe_load: bool = False, reward_key: str | None = None
+                  ) -> Iterator[RolloutDump | Skipped]:
     """Every rollout under ``directory`` in order: a :class:`RolloutDump`, or :class:`Skipped` with the reason."""
-    groups, skipped = find_rollouts(directory)
+    groups, skipped = find_rollouts(directory, unsafe_load)
     yield from skipped
     for files in groups:
         try:
-            yield read_rollout(files, unsafe_load)
+            yield read_rollout(files, unsafe_load, reward_key)
         except DumpError as exc:
             yield Skipped(", ".join(str(p) for p in files.paths), str(exc))
 
@@ -531,17 +581,37 @@ def _truncated(rows: list[dict[str, Any]]) -> list[bool] | None:
     return [getattr(row["status"], "value", row["status"]) == "truncated" for row in rows]
 
 
-def _from_rollout(rollout_id: int, payload: dict[str, Any], path: Path) -> RolloutDump:
+def _sample_rewards(rows: list[dict[str, Any]], reward_key: str | None) -> tuple[list[float] | None, list[str]]:
+    """The task rewards of ``Sample`` dicts, as slime's ``Sample.get_reward_value`` reads them (``reward[key]`` with
+    ``--reward-key``), and a note when they cannot be read."""
+    stored = [row.get("reward") for row in rows]
+    if all(r is None for r in stored):
+        return None, []
+    rewards = [r.get(reward_key) if reward_key is not None and isinstance(r, Mapping) else r for r in stored]
+    values = _numbers(rewards)
+    if values is not None:
+        return values, []
+    if any(isinstance(r, Mapping) for r in stored):
+        keys = sorted({str(k) for r in stored if isinstance(r, Mapping) for k in r})
+        missing = f"not every reward has the key {reward_key!r}" if reward_key is not None else \
+            "rewards are dicts (slime's --reward-key picks one entry)"
+        return None, [f"{missing}: give --reward-key, one of {clip(', '.join(keys), 120)}"]
+    return None, ["rewards are not numbers: not reported"]
+
+
+def _from_rollout(rollout_id: int, payload: dict[str, Any], path: Path, reward_key: str | None = None
+                  ) -> RolloutDump:
     rows, lengths, masks = _rollout_rows(payload, path)
+    rewards, notes = _sample_rewards(rows, reward_key)
     return RolloutDump(
         rollout_id=rollout_id,
         response_lengths=lengths,
         loss_masks=masks,
         rollout_log_probs=_column(rows, "rollout_log_probs", lengths, path, "sample"),
         truncated=_truncated(rows),
-        raw_rewards=_numbers(row.get("reward") for row in rows),
+        raw_rewards=rewards,
         files=[str(path)],
-        notes=["rollout dump only: no training-engine log-probs"],
+        notes=["rollout dump only: no training-engine log-probs", *notes],
     )
 
 

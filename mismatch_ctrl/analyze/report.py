@@ -52,6 +52,9 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
         lines += ["", f"**DC-GRPO replay** (`ControllerSet.step` over the recorded rollouts; signal `{s['signal']}`, "
                       f"penalty `{s['penalty_form']}`, C_bar `{s['aggregation']}`): lambda_0 {fmt(s['lambda_0'])}, "
                       f"eta {fmt(s['eta'])}, eps {eps_text}, lambda_max {fmt(s['lambda_max'])}."]
+        if not result["method"]["dcgrpo"]:
+            lines.append(f"Method `{result['method']['name']}` does not run DC-GRPO: this is what DC-GRPO with these "
+                         "settings would do on the recorded rollouts.")
         if replay["guard_raised_eps"]:
             lines.append(f"The infeasible-budget guard (`eps_guard: {s['eps_guard']}`) raised eps to "
                          f"{fmt(replay['eps_final'], 4)}: the chosen eps is below the floor "

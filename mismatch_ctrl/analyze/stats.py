@@ -77,14 +77,18 @@ def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len:
         count = max(int(trained.sum()), 1)
         row["prob_diff_tail"] = {f">{t:g}": int((values > t).sum()) / count for t in TAIL_THRESHOLDS}
         row["rejection"] = preset_rejections(batch, row["trained_tokens"])
-    elif dump.rollout_log_probs is not None:
-        row["rollout_log_ppl"] = rollout_log_ppl(dump)
+    else:
+        sides = (("rollout_log_ppl", dump.rollout_log_probs), ("training_log_ppl", dump.train_log_probs))
+        for name, log_probs in sides:
+            if log_probs is not None:
+                row[name] = log_ppl(dump, log_probs)
     return RolloutStats(row, histogram)
 
 
 def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dict[str, float | None]]:
-    """Per preset: the fraction of trained tokens and of sequences (with trained tokens) it rejects, and the fraction
-    its IS weight truncates (``is_clip_high_fraction``, None for presets without an IS stage)."""
+    """Per preset: the fraction of trained tokens and of sequences (one without trained tokens counts as kept) it
+    rejects, and the fraction its IS weight truncates (``is_clip_high_fraction``, None for presets without an IS
+    stage)."""
     out = {}
     for name in PRESET_NAMES:
         summary = apply_correction(PRESETS[name], batch).metrics.summary
@@ -94,12 +98,12 @@ def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dic
     return out
 
 
-def rollout_log_ppl(dump: RolloutDump) -> float:
-    """``-E_i[lp_roll]`` averaged over all sequences, one without trained tokens counting 0 (slime's
-    ``rollout_log_ppl``)."""
+def log_ppl(dump: RolloutDump, log_probs: list[torch.Tensor]) -> float:
+    """``-E_i[lp]`` of one engine's log-probs, averaged over all sequences, one without trained tokens counting 0
+    (slime's ``rollout_log_ppl`` / ``training_log_ppl``), for a rollout whose other engine's log-probs are missing."""
     segments = Segments(dump.response_lengths)
     if not segments.num_tokens:
         return 0.0
     mask = torch.cat(dump.loss_masks).double()
-    sums = segments.sum(mask, torch.cat(dump.rollout_log_probs).double() * mask)
+    sums = segments.sum(mask, torch.cat(log_probs).double() * mask)
     return float((-sums[:, 1] / sums[:, 0].clamp_min(1.0)).mean())

@@ -8,6 +8,7 @@ controllers when a checkpoint is being resumed (SLIME.md section 5).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -179,13 +180,40 @@ def check_slime_args(args: Any, config: Config) -> None:
     if config.lr_decay.enabled and getattr(args, "decoupled_lr", None) is not None:
         raise ConfigError("lr_decay with --decoupled-lr is not supported: the decoupled param groups cannot be told "
                           "apart in megatron-core 0.16 param groups")
-    if config.needs_train_log_probs and not getattr(args, "get_mismatch_metrics", False):
+    skipped = skips_log_prob_recompute(args)
+    if config.needs_train_log_probs and skipped:
+        raise ConfigError(f"DC-GRPO / ACRL need the training engine's log-probs in the advantage hook, and slime skips "
+                          f"that recompute here ({skipped}): add --get-mismatch-metrics")
+    if config.needs_train_log_probs and skipped is None:
         log.warning("mismatch_ctrl: DC-GRPO / ACRL need the training engine's log-probs in the advantage hook; "
                     "slime skips that recompute with one optimizer step per rollout unless --get-mismatch-metrics "
                     "is set: add it")
     if config.dcgrpo.enabled and getattr(args, "normalize_advantages", False):
         log.warning("mismatch_ctrl: --normalize-advantages whitens the DC-GRPO-shaped advantages after the hook; "
                     "the penalty then acts relative to the advantage scale")
+
+
+def skips_log_prob_recompute(args: Any) -> str | None:
+    """Why slime will not recompute the training engine's log-probs before the advantage hook ('' if it will; None
+    if ``args`` do not tell). slime 624b824 ``backends/megatron_utils/actor.py:461-475``: never with
+    ``--get-mismatch-metrics``; else always with ``--use-rollout-logprobs``, and with one optimizer step per rollout
+    (``rollout_batch_size * n_samples_per_prompt // global_batch_size == 1``) when the loss can reuse them (policy
+    loss, ``kl_coef`` 0, no critic, old actor, OPD or GSPO, routing replay only as rollout routing replay)."""
+    if getattr(args, "get_mismatch_metrics", False):
+        return ""
+    if getattr(args, "use_rollout_logprobs", False):
+        return "--use-rollout-logprobs"
+    sizes = [getattr(args, name, None) for name in ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return None
+    steps = sizes[0] * sizes[1] // sizes[2]
+    flag = functools.partial(getattr, args)
+    reusable = (steps == 1 and flag("loss_type", "policy_loss") == "policy_loss" and not flag("kl_coef", 0.0)
+                and not any(flag(name, False) for name in ("use_critic", "keep_old_actor", "use_opd"))
+                and (not flag("use_routing_replay", False) or flag("use_rollout_routing_replay", False))
+                and flag("advantage_estimator", "grpo") != "gspo")
+    return "one optimizer step per rollout: rollout_batch_size x n_samples_per_prompt = global_batch_size" \
+        if reusable else ""
 
 
 def _finite(value: Any) -> bool:

@@ -1,4 +1,6 @@
-# Megatron model arguments of the dense Qwen3-8B, as in slime's scripts/models/qwen3-8B.sh at 624b824a.
+# Megatron model arguments of the dense Qwen3-8B, as in slime's scripts/models/qwen3-8B.sh at 624b824a, except
+# --position-embedding-type rope for its deprecated spelling --use-rotary-position-embeddings (Megatron 1dcf0daf
+# training/arguments.py:1675; the same setting, as the 30B args already spell it).
 # Usage: source recipes/qwen3_8b/model.sh; ... "${MODEL_ARGS[@]}"
 MODEL_ARGS=(
    --swiglu
@@ -8,7 +10,7 @@ MODEL_ARGS=(
    --num-attention-heads 32
    --group-query-attention
    --num-query-groups 8
-   --use-rotary-position-embeddings
+   --position-embedding-type rope
    --disable-bias-linear
    --normalization RMSNorm
    --norm-epsilon 1e-6

@@ -55,7 +55,7 @@ def no_plots(monkeypatch):
 
 
 def test_json_to_a_file_and_default_output_directory(dumps, tmp_path, capsys, no_plots):
-    target = tmp_path / "analysis.json"
+    target = tmp_path / "new" / "folder" / "analysis.json"  # created, like --out
     assert main(["analyze", str(dumps), "--json", str(target), "--eps", "auto", "--lambda-0", "0.3"]) == 0
     assert (dumps / "analysis" / "report.md").is_file()
     result = json.loads(target.read_text())

@@ -164,7 +164,7 @@ def test_unusable_files_are_reported_by_name_and_skipped(tmp_path):
     sample = cp_local["samples"][2]
     sample["log_probs"] = sample["log_probs"][: sample["response_lengths"] // 2]
     torch.save(cp_local, train / "5.pt")
-    torch.save(payload, train / "0_3.pt")  # slime before 681b3ad wrote one file per rank
+    torch.save({"rollout_id": 0, "rank": 3, "rollout_data": {"tokens": [[1, 2]]}}, train / "0_3.pt")  # format 1
     torch.save(payload, train / "eval_0.pt")
     results = list(iter_rollouts(tmp_path))
     reasons = {r.path: r.reason for r in results if not hasattr(r, "response_lengths")}
@@ -199,3 +199,82 @@ def test_a_rollout_dump_in_train_data_is_an_error_not_a_crash(tmp_path):
     (tmp_path / "rollout_data" / "0.pt").rename(tmp_path / "train_data" / "0.pt")
     with pytest.raises(DumpError, match="a rollout dump in train_data/"):
         read_rollout(find_rollouts(tmp_path)[0][0])
+
+
+def copy_dump(src, dst):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(src.read_bytes())
+
+
+@pytest.mark.parametrize("template", [
+    "qwen3_30b_a3b_{rollout_id}.pt",  # digits before the id
+    "run7/{rollout_id}_{rank}.pt",  # slime's {rank} placeholder: the writer's rank, a constant
+    "train_data/{rollout_id}_{rank}.pt",
+    "v2_{rank}_{rollout_id}.pt",
+])
+def test_own_path_templates_give_the_rollout_id_that_varies(tmp_path, template):
+    """--save-debug-train-data accepts any template with {rollout_id} (and {rank}, slime arguments.py:1280-1288)."""
+    g = torch.Generator().manual_seed(5)
+    truth = [make_rollout(i, g) for i in (0, 1, 2, 5, 12)]
+    write_run(tmp_path / "run", truth, rollout_dumps=False)
+    out = tmp_path / "out"
+    for r in truth:
+        name = template.format(rollout_id=r.rollout_id, rank=3)
+        copy_dump(tmp_path / "run" / "train_data" / f"{r.rollout_id}.pt", out / name)
+    root = out / template.split("/")[0] if template.startswith("run7") else out
+    groups, skipped = find_rollouts(root)
+    assert skipped == [] and [f.rollout_id for f in groups] == [0, 1, 2, 5, 12]
+    assert [d.response_lengths for d in iter_rollouts(root)] == [r.lengths for r in truth]
+
+
+def test_a_lone_file_with_several_numbers_takes_the_id_it_stores(tmp_path):
+    g = torch.Generator().manual_seed(6)
+    write_run(tmp_path / "run", [make_rollout(4, g)], rollout_dumps=False)
+    copy_dump(tmp_path / "run" / "train_data" / "4.pt", tmp_path / "flat" / "step_4_rank_0.pt")
+    copy_dump(tmp_path / "run" / "train_data" / "4.pt", tmp_path / "other" / "step_9_rank_0.pt")
+    assert [d.rollout_id for d in iter_rollouts(tmp_path / "flat")] == [4]
+    (skipped,) = iter_rollouts(tmp_path / "other")
+    assert "rollout_id stored in the file (4) is none of them" in skipped.reason
+
+
+@pytest.mark.parametrize("template", ["rollout_{rollout_id}.pt", "{rollout_id}.pt", "dump-{rollout_id}.pt"])
+def test_evaluation_dumps_are_left_out_in_any_template(tmp_path, template):
+    """slime writes evaluations to the same template with rollout_id 'eval_<id>' (rollout_data_utils.py:144)."""
+    for rid in (0, 1):
+        write_rollout_dump(tmp_path / "run", rid, [{"response_length": 2, "rollout_log_probs": [-0.1, -0.2]}])
+        src = tmp_path / "run" / "rollout_data" / f"{rid}.pt"
+        copy_dump(src, tmp_path / "flat" / template.format(rollout_id=rid))
+        copy_dump(src, tmp_path / "flat" / template.format(rollout_id=f"eval_{rid}"))
+    groups, skipped = find_rollouts(tmp_path / "flat")
+    assert skipped == [] and [f.rollout_id for f in groups] == [0, 1]
+    assert all(len(f.paths) == 1 and "eval" not in f.paths[0].name for f in groups)
+
+
+def test_dict_rewards_are_read_with_the_reward_key(tmp_path):
+    write_rollout_dump(tmp_path, 0, [{"response_length": 1, "reward": {"score": 1.0, "acc": True}},
+                                     {"response_length": 1, "reward": {"score": -1.0, "acc": False}}])
+    (dump,) = iter_rollouts(tmp_path, reward_key="score")
+    assert dump.raw_rewards == [1.0, -1.0]
+    (dump,) = iter_rollouts(tmp_path)
+    assert dump.raw_rewards is None and any("--reward-key, one of acc, score" in n for n in dump.notes)
+    (dump,) = iter_rollouts(tmp_path, reward_key="pred")
+    assert dump.raw_rewards is None and any("not every reward has the key 'pred'" in n for n in dump.notes)
+
+
+class Opaque:
+    """Stands for an object a rollout dump may carry (a PIL image in Sample.multimodal_inputs)."""
+
+
+def test_dates_load_safely_and_other_objects_are_refused_by_name(tmp_path):
+    import datetime
+
+    when = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.timezone.utc)
+    write_rollout_dump(tmp_path, 0, [{"response_length": 1, "metadata": {"created": when,
+                                                                         "age": datetime.timedelta(days=2)}}])
+    (dump,) = iter_rollouts(tmp_path)
+    assert dump.response_lengths == [1]
+    write_rollout_dump(tmp_path, 1, [{"response_length": 1, "multimodal_inputs": {"images": [Opaque()]}}])
+    skipped = [r for r in iter_rollouts(tmp_path) if not hasattr(r, "response_lengths")]
+    (refused,) = skipped
+    assert "Opaque" in refused.reason and "--unsafe-load" in refused.reason and "never" not in refused.reason
+    assert [d.rollout_id for d in iter_rollouts(tmp_path, unsafe_load=True)] == [0, 1]

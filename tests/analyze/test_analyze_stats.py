@@ -121,3 +121,15 @@ def test_result_is_strict_json(run):
     _, result = run
     text = json.dumps(result, allow_nan=False)
     assert not math.isnan(json.loads(text)["rollouts"][0]["prob_diff_mean"])
+
+
+def test_training_log_ppl_without_rollout_log_probs(tmp_path):
+    """A custom generate function that records no rollout log-probs: the training engine's side is still reported."""
+    g = torch.Generator().manual_seed(8)
+    truth = make_rollout(0, g)
+    truth.omit = {"rollout_log_probs"}
+    write_run(tmp_path, [truth], rollout_dumps=False)
+    (row,) = analyze_dumps(tmp_path, AnalyzeOptions(progress=False))["rollouts"]
+    per_seq = [-ref.masked_mean(x.tolist(), m.tolist()) for x, m in zip(truth.train, truth.masks)]
+    assert row["rollout_log_probs"] is False and "rollout_log_ppl" not in row and "prob_diff_mean" not in row
+    assert row["training_log_ppl"] == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-6)

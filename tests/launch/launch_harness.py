@@ -84,7 +84,7 @@ KNOWN_TRAIN_FLAGS = frozenset("""
 --rotary-percent --swiglu --untie-embeddings-and-output-weights --vocab-size --rotary-base --moe-ffn-hidden-size
 --moe-router-score-function --moe-token-dispatcher-type --moe-router-topk --moe-layer-freq --num-experts
 --moe-grouped-gemm --moe-token-drop-policy --moe-router-dtype --moe-permute-fusion --moe-aux-loss-coeff
---use-rotary-position-embeddings --transformer-impl --fp8-format --fp8-recipe
+--transformer-impl --fp8-format --fp8-recipe
 """.split())
 
 # What the launchers need besides python: bash (also reads model.sh), dirname (lib.sh), env, rm, mv, touch (--prepare).

@@ -1,4 +1,5 @@
-"""Megatron MODEL_ARGS: exactly slime's lists, and consistent with the Hugging Face configs of the models."""
+"""Megatron MODEL_ARGS: slime's lists (the 8B one with the rotary flag in its current spelling), and consistent with
+the Hugging Face configs of the models."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ QWEN3_8B = [
     "--group-query-attention",
     "--num-query-groups",
     "8",
-    "--use-rotary-position-embeddings",
+    "--position-embedding-type",
+    "rope",
     "--disable-bias-linear",
     "--normalization",
     "RMSNorm",

@@ -17,6 +17,9 @@ BATCH = make_batch(7)
 DCGRPO = method("dcgrpo")
 GRPO = method("grpo")
 
+ONE_STEP = {"rollout_batch_size": 32, "n_samples_per_prompt": 8, "global_batch_size": 256}
+"""A rollout that is one optimizer step (slime can reuse the log-probs in the loss)."""
+
 
 def data(**changes):
     out = rollout_data(BATCH, FULL)
@@ -119,11 +122,27 @@ def test_args_without_mismatch_ctrl():
     (DCGRPO, {"custom_advantage_function_path": "slime.custom.advantages"}, "--custom-advantage-function-path"),
     (GRPO, {"advantage_estimator": "ppo"}, "--advantage-estimator ppo"),
     (method("length_decay"), {"decoupled_lr": 1.0e-5}, "decoupled"),
+    (DCGRPO, {"get_mismatch_metrics": False, **ONE_STEP}, "one optimizer step per rollout"),
+    (method("acrl"), {"get_mismatch_metrics": False, "use_tis": True, **ONE_STEP}, "one optimizer step per rollout"),
+    (DCGRPO, {"get_mismatch_metrics": False, "use_rollout_logprobs": True}, "--use-rollout-logprobs"),
 ])
 def test_inconsistent_slime_flags_fail_at_init(section, flags, needle):
     with pytest.raises(ConfigError) as exc:
         hooks.on_megatron_init(make_args(section, **flags))
     assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("flags", [
+    {"global_batch_size": 64},  # four optimizer steps per rollout: slime recomputes the log-probs
+    {"kl_coef": 0.01}, {"keep_old_actor": True}, {"advantage_estimator": "gspo"},
+    {"use_routing_replay": True}, {"get_mismatch_metrics": True},
+])
+def test_dcgrpo_without_get_mismatch_metrics_runs_where_slime_recomputes_log_probs(flags, caplog):
+    """slime 624b824 actor.py:461-475 recomputes the training log-probs unless the one-step loss can reuse them."""
+    args = make_args(DCGRPO, **{"get_mismatch_metrics": False, **ONE_STEP, **flags})
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        hooks.on_megatron_init(args)
+    assert not any("--get-mismatch-metrics" in r.getMessage() for r in caplog.records)
 
 
 def test_use_tis_is_enough_to_run_the_correction_hook():
