@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from .errors import ConfigError
+from .formatting import brief
 
 Architecture = Literal["dense", "moe"]
 ARCHITECTURES: tuple[str, ...] = ("dense", "moe")
@@ -38,9 +39,21 @@ def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 def expert_count(hf_config: Mapping[str, Any]) -> int:
-    """Routed experts of a parsed ``config.json``: the first integer value among :data:`EXPERT_COUNT_KEYS`, else 0."""
-    return next((value for key in EXPERT_COUNT_KEYS
-                 if isinstance(value := hf_config.get(key), int) and not isinstance(value, bool)), 0)
+    """Routed experts of a parsed ``config.json``: the first of :data:`EXPERT_COUNT_KEYS` that is set (not null), at
+    the top level or else in ``text_config`` (multimodal MoE models: Qwen3-VL-MoE, Llama 4); 0 if none is.
+    :class:`ConfigError` if that value is not an integer >= 0."""
+    for section, prefix in ((hf_config, ""), (hf_config.get("text_config"), "text_config.")):
+        if not isinstance(section, Mapping):
+            continue
+        for key in EXPERT_COUNT_KEYS:
+            value = section.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"config.json {prefix}{key}: expected the number of experts (an integer >= 0), got "
+                                  f"{brief(value)}; fix the file or set mismatch_ctrl.architecture")
+            return value
+    return 0
 
 
 def architecture_of(num_experts: int) -> Architecture:

@@ -83,8 +83,12 @@ def _analyze(ns: argparse.Namespace) -> int:
         result = analyze_dumps(ns.directory, options)
         report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
         if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(result, indent=1) + "\n")
+            try:
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(json.dumps(result, indent=1) + "\n")
+            except OSError as exc:
+                raise ConfigError(f"--json {json_path}: cannot write it ({exc.strerror or exc}); the report is in "
+                                  f"{report}") from None
     except (ConfigError, DumpError, InputError) as exc:
         print(f"mismatch-ctrl analyze: {exc}", file=sys.stderr)
         return 2
@@ -99,6 +103,9 @@ def _analyze(ns: argparse.Namespace) -> int:
 
 def _check_outputs(out: Path, json_path: Path | None) -> None:
     """Refuse output paths that cannot be written before the analysis spends any time."""
+    if str(out) == "-":
+        raise ConfigError("--out -: the report is a directory (report.md and plots/); give its path ('-' is only for "
+                          "--json)")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory; give a directory for report.md and plots/")
     existing = next(p for p in (out, *out.parents) if p.exists())

@@ -24,7 +24,7 @@ from ..architecture import ARCHITECTURES, resolve_architecture
 from ..config import Config, arch_defaults, load_config
 from ..dcgrpo import EPS_MAX
 from ..errors import ConfigError, InputError
-from ..formatting import brief
+from ..formatting import brief, clip
 from ..sketch import histogram_quantiles
 from .dumps import DumpError, RolloutDump, Skipped, find_rollouts, read_rollout
 from .replay import Replay
@@ -124,13 +124,22 @@ def resolve_config(options: AnalyzeOptions) -> tuple[Config, Path, str]:
     return dataclasses.replace(config, dcgrpo=dcgrpo), path, source
 
 
+def _skipped_text(skipped: list[Skipped], shown: int = 5) -> str:
+    """The first ``shown`` skipped files with their reasons, for an error message of bounded length."""
+    if not skipped:
+        return ""
+    more = f"; and {len(skipped) - shown} more" if len(skipped) > shown else ""
+    return "; skipped " + "; ".join(f"{clip(s.path, 200)}: {clip(s.reason, 300)}" for s in skipped[:shown]) + more
+
+
 def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOptions()) -> dict[str, Any]:
     """Every number of the report for the dumps under ``directory`` (see :func:`.dumps.find_rollouts`)."""
     config, method, arch_source = resolve_config(options)
     groups, skipped = find_rollouts(directory, options.unsafe_load)
     if not groups:
         raise DumpError(f"{directory}: no dump files ({{rollout_id}}.pt under train_data/ or rollout_data/, or "
-                        "*.pt); run slime with --dump-details DIR and analyse DIR")
+                        "*.pt; names with eval_<n> are slime's evaluation dumps, left out); run slime with "
+                        f"--dump-details DIR and analyse DIR{_skipped_text(skipped)}")
     replay = Replay(config)
     rows: list[dict[str, Any]] = []
     pooled = None
@@ -144,7 +153,7 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
                 warnings.filterwarnings("ignore", message=re.escape(DROPPED_WARNING))
                 batch = token_batch(dump, config.nonfinite)
         except (DumpError, InputError) as exc:
-            skipped.append(Skipped(", ".join(str(p) for p in files.paths), str(exc)))
+            skipped.append(Skipped.of(files.paths, exc))
             continue
         problems = _problems(dump, batch)
         if batch is not None and not bool((batch.mask > 0).any()):
@@ -167,7 +176,7 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
         rows.append(row)
         del dump, batch, stats
     if not rows:
-        raise DumpError(f"{directory}: no readable rollout; " + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
+        raise DumpError(f"{directory}: no readable rollout{_skipped_text(skipped)}")
 
     max_len, max_len_source = options.max_response_len, "--max-response-len"
     if max_len is None and truncated_lengths:
@@ -216,12 +225,13 @@ def _problems(dump: RolloutDump, batch: TokenBatch | None) -> dict[str, Any]:
     """What the rollout lacks or holds that cannot be used: which log-probs exist, the trained tokens left, the tokens
     dropped for a NaN/inf or an impossible (> 0) log-prob, and the non-finite rewards (replayed as advantage 0)."""
     impossible = None if batch is None else batch.impossible_tokens
+    rewards = dump.rewards if dump.rewards is not None else dump.raw_rewards
     return {
         "both_log_probs": batch is not None,
         "trained_tokens": None if batch is None else int((batch.mask > 0).sum()),
         "nonfinite_tokens": None if batch is None else batch.nonfinite_tokens - impossible,
         "impossible_tokens": impossible,
-        "nonfinite_rewards": None if dump.rewards is None else sum(not math.isfinite(r) for r in dump.rewards),
+        "nonfinite_rewards": None if rewards is None else sum(not math.isfinite(r) for r in rewards),
     }
 
 

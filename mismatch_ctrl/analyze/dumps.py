@@ -35,9 +35,11 @@ import pickle
 import re
 import warnings
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import InputError
@@ -45,6 +47,8 @@ from ..formatting import brief, clip
 
 TRAIN_DIR, ROLLOUT_DIR = "train_data", "rollout_data"
 FORMAT_VERSION = 2
+MAX_TOKENS = 2**53
+"""The most tokens a response (or a batch) can have: anything above is not a length (and not exact in a float)."""
 MAX_ID_DIGITS = 18
 """A rollout id in a file name has at most 18 digits (it fits an int64); longer numbers are not rollout ids."""
 _ID = re.compile(r"[0-9]+")
@@ -271,6 +275,14 @@ class Skipped:
     path: str
     reason: str
 
+    @classmethod
+    def of(cls, paths: Sequence[Path], exc: Exception) -> Skipped:
+        """The files ``paths`` left out because of ``exc`` (its message without a leading file name)."""
+        reason = str(exc)
+        for path in paths:
+            reason = reason.removeprefix(f"{path}: ")
+        return cls(", ".join(str(p) for p in paths), reason)
+
 
 def find_rollouts(directory: str | Path, unsafe_load: bool = False) -> tuple[list[RolloutFiles], list[Skipped]]:
     """The rollouts under ``directory``, by rollout id, and the files that do not fit slime's naming.
@@ -294,7 +306,8 @@ def find_rollouts(directory: str | Path, unsafe_load: bool = False) -> tuple[lis
         folders = [("unknown", root)]
     for kind, folder in folders:
         paths = [p for p in sorted(folder.glob("*.pt")) if not _EVAL.search(p.stem)]
-        ids, refused = name_ids(paths, unsafe_load)
+        skipped += [Skipped(str(p), "not a regular file") for p in paths if not p.is_file()]
+        ids, refused = name_ids([p for p in paths if p.is_file()], unsafe_load)
         skipped += refused
         for path, rid in ids.items():
             group = groups.setdefault(rid, {})
@@ -335,10 +348,10 @@ def name_ids(paths: Sequence[Path], unsafe_load: bool = False) -> tuple[dict[Pat
                 if not numbers:
                     raise DumpError("no rollout id (a number) in the file name")
                 rid = _stored_id(path, numbers, unsafe_load) if slot is None else numbers[slot]
-                if len(str(rid)) > MAX_ID_DIGITS:
+                if len(str(rid).lstrip("0")) > MAX_ID_DIGITS:
                     raise DumpError(f"the rollout id in the file name has more than {MAX_ID_DIGITS} digits")
             except DumpError as exc:
-                skipped.append(Skipped(str(path), str(exc)))
+                skipped.append(Skipped.of([path], exc))
                 continue
             ids[path] = int(rid)
     return ids, skipped
@@ -346,8 +359,8 @@ def name_ids(paths: Sequence[Path], unsafe_load: bool = False) -> tuple[dict[Pat
 
 def _stored_id(path: Path, numbers: list[str], unsafe_load: bool) -> int:
     """The ``rollout_id`` stored in ``path``, if it is one of the ``numbers`` of its name."""
-    stored = load_dump(path, unsafe_load).get("rollout_id")
-    if not (isinstance(stored, int) and not isinstance(stored, bool) and stored in {int(n) for n in numbers}):
+    stored = _integer(load_dump(path, unsafe_load).get("rollout_id"))
+    if stored is None or stored not in {int(n) for n in numbers}:
         raise DumpError(f"{path}: the name has several numbers ({', '.join(numbers)}) and the rollout_id stored in "
                         f"the file ({brief(stored, 40)}) is none of them; name dumps by slime's template "
                         "({rollout_id}.pt)")
@@ -398,7 +411,8 @@ def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
                         "inputs) needs --unsafe-load: use it only for dumps of your own runs, or analyse the train "
                         "dumps (--dump-details) alone") from None
     except Exception as exc:  # a truncated or foreign file can fail in pickle, zipfile or torch: report, never crash
-        raise DumpError(f"{path}: cannot be read as a torch dump ({type(exc).__name__}: {_short(exc)})") from None
+        detail = _short(exc) or "empty or truncated file"
+        raise DumpError(f"{path}: cannot be read as a torch dump ({type(exc).__name__}: {detail})") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
         if isinstance(payload, dict) and "rollout_data" in payload:
             raise DumpError(f"{path}: a per-rank train dump of slime before 681b3ad (CP-local tensors): not "
@@ -414,46 +428,59 @@ def dump_kind(payload: Mapping[str, Any], path: str | Path) -> str:
     """``"train"`` (has ``format_version``) or ``"rollout"``; :class:`DumpError` for an unsupported version."""
     if "format_version" not in payload:
         return "rollout"
-    if payload["format_version"] != FORMAT_VERSION:
-        raise DumpError(f"{path}: train dump format_version {payload['format_version']!r}; this reader knows version "
-                        f"{FORMAT_VERSION} (slime 624b824)")
+    if _integer(payload["format_version"]) != FORMAT_VERSION:
+        raise DumpError(f"{path}: train dump format_version {brief(payload['format_version'], 40)}; this reader knows "
+                        f"version {FORMAT_VERSION} (slime 624b824)")
     return "train"
 
 
 def read_rollout(files: RolloutFiles, unsafe_load: bool = False, reward_key: str | None = None) -> RolloutDump:
     """The :class:`RolloutDump` of one rollout; :class:`DumpError` names the file.
 
-    The train dump is preferred; the rollout dump is loaded only when there is no train dump or the train dump lacks
-    ``rollout_log_probs`` or ``truncated`` (then filled from it, joined by ``rollout_position``). Every loaded file's
-    ``rollout_id`` must be the one in its name. ``unsafe_load``: see the module docstring. ``reward_key``: slime's
-    ``--reward-key``, for a rollout dump whose ``Sample.reward`` values are dicts.
+    The train dump is preferred; the rollout dump is loaded only when there is no usable train dump or the train dump
+    lacks ``rollout_log_probs`` or ``truncated`` (then filled from it, joined by ``rollout_position``). Every loaded
+    file's ``rollout_id`` must be the one in its name. A file that cannot be used is a note of the rollout when the
+    other one can; :class:`DumpError` when neither can. ``unsafe_load``: see the module docstring. ``reward_key``:
+    slime's ``--reward-key``, for a rollout dump whose ``Sample.reward`` values are dicts.
     """
     loaded: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path in files.unknown:
-        payload = _checked_id(load_dump(path, unsafe_load), path, files.rollout_id)
-        kind = dump_kind(payload, path)
+    errors: list[DumpError] = []
+
+    def load(path: Path, expected: str | None = None) -> None:
+        try:
+            payload = _checked_id(load_dump(path, unsafe_load), path, files.rollout_id)
+            kind = dump_kind(payload, path)
+            if expected is not None and kind != expected:
+                raise DumpError(f"{path}: a {kind} dump in {path.parent.name}/; keep slime's layout (train_data/ for "
+                                "train dumps, rollout_data/ for rollout dumps)")
+        except DumpError as exc:
+            errors.append(exc)
+            return
         if kind in loaded:
             raise DumpError(f"{path}: a second {kind} dump for rollout {files.rollout_id} (also "
                             f"{loaded[kind][0].name}); keep one file per rollout and kind")
         loaded[kind] = (path, payload)
-    for kind, path in (("train", files.train), ("rollout", files.rollout)):
-        if path is not None and kind not in loaded and (kind == "train" or "train" not in loaded):
-            payload = _checked_id(load_dump(path, unsafe_load), path, files.rollout_id)
-            if dump_kind(payload, path) != kind:
-                raise DumpError(f"{path}: a {dump_kind(payload, path)} dump in {path.parent.name}/; keep slime's "
-                                "layout (train_data/ for train dumps, rollout_data/ for rollout dumps)")
-            loaded[kind] = (path, payload)
-    if "train" not in loaded:
+
+    for path in files.unknown:
+        load(path)
+    if files.train is not None:
+        load(files.train, "train")
+    dump = None
+    if "train" in loaded:
+        try:
+            dump = _from_train(files.rollout_id, loaded["train"][1], loaded["train"][0])
+        except DumpError as exc:
+            errors.append(exc)
+    incomplete = dump is None or dump.rollout_log_probs is None or dump.truncated is None
+    if files.rollout is not None and "rollout" not in loaded and incomplete:
+        load(files.rollout, "rollout")
+    if dump is None:
         if "rollout" not in loaded:
-            raise DumpError(f"rollout {files.rollout_id}: no dump file")
-        return _from_rollout(files.rollout_id, loaded["rollout"][1], loaded["rollout"][0], reward_key)
-    train_path, train_payload = loaded.pop("train")
-    dump = _from_train(files.rollout_id, train_payload, train_path)
-    rollout_path = loaded["rollout"][0] if "rollout" in loaded else files.rollout
-    if rollout_path is not None and (dump.rollout_log_probs is None or dump.truncated is None):
-        payload = loaded["rollout"][1] if "rollout" in loaded else _checked_id(
-            load_dump(rollout_path, unsafe_load), rollout_path, files.rollout_id)
-        _fill_from_rollout(dump, payload, rollout_path, train_payload["samples"])
+            raise errors[0] if errors else DumpError(f"rollout {files.rollout_id}: no dump file")
+        dump = _from_rollout(files.rollout_id, loaded["rollout"][1], loaded["rollout"][0], reward_key)
+    elif "rollout" in loaded and incomplete:
+        _fill_from_rollout(dump, loaded["rollout"][1], loaded["rollout"][0], loaded["train"][1]["samples"])
+    dump.notes += [f"not used: {exc}" for exc in errors]
     return dump
 
 
@@ -466,7 +493,7 @@ def iter_rollouts(directory: str | Path, unsafe_load: bool = False, reward_key: 
         try:
             yield read_rollout(files, unsafe_load, reward_key)
         except DumpError as exc:
-            yield Skipped(", ".join(str(p) for p in files.paths), str(exc))
+            yield Skipped.of(files.paths, exc)
 
 
 def _short(exc: Exception | str, limit: int = 160) -> str:
@@ -500,16 +527,35 @@ def _constant(value: float, n: int) -> torch.Tensor:
 
 
 def _tensor(value: Any, path: Path, what: str) -> torch.Tensor:
+    """``value`` as a flat float tensor; a tensor whose elements overlap in memory (a stride-0 ``expand``, which
+    slime never writes) is refused: copying it would take memory the file does not hold."""
+    if torch.is_tensor(value) and value.untyped_storage().nbytes() < value.numel() * value.element_size():
+        raise DumpError(f"{path}: {what} is a tensor of {value.numel()} elements stored in "
+                        f"{value.untyped_storage().nbytes()} bytes (overlapping elements); re-dump it with slime")
     try:
         return torch.as_tensor(value).reshape(-1).float()
     except (TypeError, ValueError, RuntimeError):
         raise DumpError(f"{path}: {what} is not a list of numbers or a tensor ({type(value).__name__})") from None
 
 
+def _integer(value: Any) -> int | None:
+    """``value`` if it is an integer (Python or numpy, not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        return None
+    return int(value)
+
+
+def _flag(value: Any, path: Path, what: str) -> bool:
+    """A 0/1 flag of a sample (``truncated``, ``remove_sample``): a bool or the integer 0 or 1, Python or numpy."""
+    if isinstance(value, (bool, np.bool_)) or _integer(value) in (0, 1):
+        return bool(value)
+    raise DumpError(f"{path}: {what} must be true/false or 0/1, got {brief(value, 40)}")
+
+
 def _checked_id(payload: dict[str, Any], path: Path, rollout_id: int) -> dict[str, Any]:
     """``payload`` if the ``rollout_id`` it stores (slime always writes one) is the id of its file name."""
     stored = payload.get("rollout_id")
-    if stored is not None and not (isinstance(stored, int) and not isinstance(stored, bool) and stored == rollout_id):
+    if stored is not None and _integer(stored) != rollout_id:
         raise DumpError(f"{path}: the file stores rollout_id {brief(stored, 40)} but its name says {rollout_id}; "
                         "rename the file after the id it stores (slime writes {rollout_id}.pt) or re-dump")
     return payload
@@ -520,19 +566,23 @@ def _lengths(rows: list[dict[str, Any]], key: str, path: Path) -> list[int]:
         lengths = [int(row[key]) for row in rows]
     except (KeyError, TypeError, ValueError, OverflowError):
         raise DumpError(f"{path}: every sample needs an integer '{key}'") from None
-    if lengths and min(lengths) < 0:
-        raise DumpError(f"{path}: {key} must be >= 0, got {min(lengths)}")
+    if lengths and not 0 <= min(lengths) <= max(lengths) <= MAX_TOKENS:
+        bad = min(lengths) if min(lengths) < 0 else max(lengths)
+        raise DumpError(f"{path}: {key} must be between 0 and {MAX_TOKENS}, got {brief(bad, 40)}")
     return lengths
 
 
 def _numbers(values: Any) -> list[float] | None:
-    if values is None:
+    """Floats of a sequence of numbers (None if it is not one; a string is neither a sequence nor a number here)."""
+    if values is None or isinstance(values, (str, bytes)):
         return None
     try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
+        items = list(values)
+        if any(isinstance(v, (str, bytes)) for v in items):
+            return None
+        return [float(v) for v in items]
+    except (TypeError, ValueError, OverflowError, RuntimeError):
         return None
-    return out
 
 
 def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> RolloutDump:
@@ -548,7 +598,7 @@ def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> Rollout
         files=[str(path)],
     )
     if all("truncated" in row for row in rows):
-        dump.truncated = [bool(row["truncated"]) for row in rows]
+        dump.truncated = [_flag(row["truncated"], path, f"sample {i}: truncated") for i, row in enumerate(rows)]
     if all("rewards" in row for row in rows):
         dump.rewards = _numbers(row["rewards"] for row in rows)
     dump.raw_rewards = _numbers(payload.get("raw_reward"))
@@ -570,7 +620,8 @@ def _rollout_rows(payload: dict[str, Any], path: Path) -> tuple[list[dict[str, A
         mask = _constant(1.0, n) if mask is None else _tensor(mask, path, f"sample {i}: loss_mask")
         if mask.numel() != n:
             raise DumpError(f"{path}: sample {i}: loss_mask has {mask.numel()} entries but response_length is {n}")
-        masks.append(_constant(0.0, n) if row.get("remove_sample") else mask)
+        removed = _flag(row.get("remove_sample", False), path, f"sample {i}: remove_sample")
+        masks.append(_constant(0.0, n) if removed else mask)
     return rows, lengths, masks
 
 
@@ -591,12 +642,13 @@ def _sample_rewards(rows: list[dict[str, Any]], reward_key: str | None) -> tuple
     values = _numbers(rewards)
     if values is not None:
         return values, []
-    if any(isinstance(r, Mapping) for r in stored):
-        keys = sorted({str(k) for r in stored if isinstance(r, Mapping) for k in r})
-        missing = f"not every reward has the key {reward_key!r}" if reward_key is not None else \
-            "rewards are dicts (slime's --reward-key picks one entry)"
-        return None, [f"{missing}: give --reward-key, one of {clip(', '.join(keys), 120)}"]
-    return None, ["rewards are not numbers: not reported"]
+    dicts = [r for r in stored if isinstance(r, Mapping)]
+    keys = clip(", ".join(sorted({repr(k) for r in dicts for k in r})), 120)
+    if reward_key is None and dicts:
+        return None, [f"rewards are dicts (slime's --reward-key picks one entry): give --reward-key, one of {keys}"]
+    if reward_key is not None and any(reward_key not in r for r in dicts):
+        return None, [f"not every reward has the key {reward_key!r} (keys: {keys}): give another --reward-key"]
+    return None, ["rewards are not all numbers: not reported"]
 
 
 def _from_rollout(rollout_id: int, payload: dict[str, Any], path: Path, reward_key: str | None = None

@@ -108,7 +108,8 @@ def _data_problems(counts: dict[str, Any]) -> list[str]:
     parts = [f"{counts[key]} {what}" for key, what in (
         ("nonfinite_tokens", "trained tokens with a NaN/inf log-prob"),
         ("impossible_tokens", "trained tokens with an impossible log-prob (above 0: a probability above 1)"),
-        ("nonfinite_rewards", "samples with a NaN/inf reward (replayed with advantage 0)")) if counts[key]]
+        ("nonfinite_rewards", "samples with a NaN/inf reward (left out of the reward mean; replayed with advantage "
+                              "0)")) if counts[key]]
     if not parts:
         return []
     return [f"**Unusable data**: {'; '.join(parts)}. Such tokens are left out of every statistic (as the hooks leave "

@@ -5,6 +5,7 @@ sections 1, 3 and 6), all computed on the flat :class:`~mismatch_ctrl.batch.Toke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len:
         "max_response_length_seen": int(lengths.max()) if lengths.numel() else 0,
         "truncation_rate": None,
         "truncation_source": None,
-        "reward_mean": sum(dump.raw_rewards) / len(dump.raw_rewards) if dump.raw_rewards else None,
+        "reward_mean": _finite_mean(dump.raw_rewards),
     }
     if dump.truncated is not None:
         row.update(truncation_rate=sum(dump.truncated) / max(len(dump.truncated), 1), truncation_source="dump")
@@ -83,6 +84,12 @@ def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len:
             if log_probs is not None:
                 row[name] = log_ppl(dump, log_probs)
     return RolloutStats(row, histogram)
+
+
+def _finite_mean(values: list[float] | None) -> float | None:
+    """The mean of the finite ``values`` (a NaN/inf reward is counted in the report, not averaged)."""
+    finite = [v for v in values or () if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
 
 
 def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dict[str, float | None]]:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..formatting import clip
 from .policy import POLICY_KINDS
 from .quant import QUANT_MODES
 
@@ -65,6 +66,10 @@ def learning_rate(text: str) -> float:
     return value
 
 
+MAX_SEED = 2**32
+"""Seeds are below 2**32 (the lab derives per-run generator seeds from them)."""
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """Distinct non-negative integers separated by commas, e.g. ``0,1,2``."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -75,8 +80,8 @@ def seed_list(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0 such as 0,1,2, got {text!r}") \
             from None
-    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"expected distinct integers >= 0, got {text!r}")
+    if any(not 0 <= s < MAX_SEED for s in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected distinct integers from 0 to {MAX_SEED - 1}, got {clip(text, 80)!r}")
     return seeds
 
 

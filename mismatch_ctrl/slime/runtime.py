@@ -208,12 +208,12 @@ def skips_log_prob_recompute(args: Any) -> str | None:
         return None
     steps = sizes[0] * sizes[1] // sizes[2]
     flag = functools.partial(getattr, args)
-    reusable = (steps == 1 and flag("loss_type", "policy_loss") == "policy_loss" and not flag("kl_coef", 0.0)
+    reusable = (steps == 1 and flag("loss_type", "policy_loss") == "policy_loss" and flag("kl_coef", 0.0) == 0
                 and not any(flag(name, False) for name in ("use_critic", "keep_old_actor", "use_opd"))
                 and (not flag("use_routing_replay", False) or flag("use_rollout_routing_replay", False))
                 and flag("advantage_estimator", "grpo") != "gspo")
-    return "one optimizer step per rollout: rollout_batch_size x n_samples_per_prompt = global_batch_size" \
-        if reusable else ""
+    return ("one optimizer step per rollout: rollout_batch_size x n_samples_per_prompt // global_batch_size = "
+            f"{sizes[0]} x {sizes[1]} // {sizes[2]} = 1") if reusable else ""
 
 
 def _finite(value: Any) -> bool:

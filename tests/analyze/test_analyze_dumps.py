@@ -6,6 +6,7 @@ import torch
 
 from mismatch_ctrl.analyze.dumps import (
     DumpError,
+    Skipped,
     find_rollouts,
     iter_rollouts,
     read_rollout,
@@ -256,9 +257,12 @@ def test_dict_rewards_are_read_with_the_reward_key(tmp_path):
     (dump,) = iter_rollouts(tmp_path, reward_key="score")
     assert dump.raw_rewards == [1.0, -1.0]
     (dump,) = iter_rollouts(tmp_path)
-    assert dump.raw_rewards is None and any("--reward-key, one of acc, score" in n for n in dump.notes)
+    assert dump.raw_rewards is None and any("--reward-key, one of 'acc', 'score'" in n for n in dump.notes)
     (dump,) = iter_rollouts(tmp_path, reward_key="pred")
     assert dump.raw_rewards is None and any("not every reward has the key 'pred'" in n for n in dump.notes)
+    write_rollout_dump(tmp_path, 0, [{"response_length": 1, "reward": {"score": "yes"}}])
+    (dump,) = iter_rollouts(tmp_path, reward_key="score")
+    assert dump.raw_rewards is None and dump.notes[-1] == "rewards are not all numbers: not reported"
 
 
 class Opaque:
@@ -278,3 +282,78 @@ def test_dates_load_safely_and_other_objects_are_refused_by_name(tmp_path):
     (refused,) = skipped
     assert "Opaque" in refused.reason and "--unsafe-load" in refused.reason and "never" not in refused.reason
     assert [d.rollout_id for d in iter_rollouts(tmp_path, unsafe_load=True)] == [0, 1]
+
+
+def hostile(tmp_path, change):
+    """Rollout 0's train dump with ``change(payload)`` applied, saved as slime would (torch.save)."""
+    g = torch.Generator().manual_seed(9)
+    write_run(tmp_path, [make_rollout(0, g)], rollout_dumps=False)
+    path = tmp_path / "train_data" / "0.pt"
+    payload = torch.load(path, weights_only=True)
+    change(payload)
+    torch.save(payload, path)
+    return list(iter_rollouts(tmp_path))
+
+
+def first_sample(key, value):
+    return lambda payload: payload["samples"][0].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (first_sample("loss_masks", torch.ones(1, dtype=torch.int32).expand(10**8)), "overlapping elements"),
+    (lambda p: p.__setitem__("format_version", torch.tensor([2, 2])), "format_version"),
+    (first_sample("truncated", torch.tensor([1, 0])), "truncated must be true/false or 0/1"),
+    (first_sample("truncated", "False"), "truncated must be true/false or 0/1"),
+    (first_sample("response_lengths", 2**63), "response_lengths must be between 0 and"),
+    (first_sample("response_lengths", 10**30), "response_lengths must be between 0 and"),
+])
+def test_crafted_train_dumps_are_refused_by_name_without_a_traceback(tmp_path, change, needle):
+    (result,) = hostile(tmp_path, change)
+    assert isinstance(result, Skipped) and needle in result.reason and len(result.reason) < 500
+
+
+@pytest.mark.parametrize("change", [
+    lambda p: p.__setitem__("raw_reward", "101"),  # a string is not a list of numbers
+    lambda p: p.__setitem__("raw_reward", [10**400] * 8),  # too large for a float
+    first_sample("rewards", 10**400),
+])
+def test_unreadable_rewards_are_left_out_not_misread(tmp_path, change):
+    (dump,) = hostile(tmp_path, change)
+    assert dump.raw_rewards is None or dump.rewards is None
+
+
+def test_numpy_integer_ids_and_flags_are_accepted(tmp_path):
+    import numpy as np
+
+    def change(payload):
+        payload["rollout_id"] = np.int64(0)
+        payload["samples"][0]["truncated"] = np.bool_(True)
+
+    (dump,) = hostile(tmp_path, change)
+    assert dump.rollout_id == 0 and dump.truncated[0] is True
+
+
+def test_a_fifo_named_pt_is_skipped_not_waited_on(tmp_path):
+    import os
+
+    (tmp_path / "train_data").mkdir()
+    os.mkfifo(tmp_path / "train_data" / "0.pt")
+    os.mkfifo(tmp_path / "train_data" / "run_1_2.pt")
+    groups, skipped = find_rollouts(tmp_path)
+    assert groups == [] and {s.reason for s in skipped} == {"not a regular file"}
+
+
+@pytest.mark.parametrize("layout", ["flat", "subfolders"])
+def test_a_refused_rollout_dump_does_not_discard_a_good_train_dump(tmp_path, layout):
+    g = torch.Generator().manual_seed(10)
+    truth = make_rollout(0, g)
+    truth.omit = {"truncated"}  # the rollout dump would fill it
+    write_run(tmp_path / "run", [truth])
+    torch.save({"rollout_id": 0, "samples": [{"multimodal_inputs": Opaque()}]}, tmp_path / "run" / "rollout_data" /
+               "0.pt")
+    if layout == "flat":
+        copy_dump(tmp_path / "run" / "train_data" / "0.pt", tmp_path / "flat" / "train_0.pt")
+        copy_dump(tmp_path / "run" / "rollout_data" / "0.pt", tmp_path / "flat" / "rollout_0.pt")
+    (dump,) = iter_rollouts(tmp_path / ("flat" if layout == "flat" else "run"))
+    assert dump.response_lengths == truth.lengths and dump.train_log_probs is not None and dump.truncated is None
+    assert any(n.startswith("not used: ") and "Opaque" in n for n in dump.notes)

@@ -341,6 +341,8 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "analyze --eps 5": cli(lambda t: ["analyze", str(t), "--eps", "5"], "--eps: must be a number > 0 and < 1.0"),
     "[works] analyze --eps 0": cli(lambda t: ["analyze", str(t), "--eps", "0"], "--eps"),
     "[works] analyze a missing directory": cli(lambda t: ["analyze", str(t / "missing")], "not a directory"),
+    "analyze --out -": cli(lambda t: ["analyze", str(run_dir(t)), "--out", "-"], "--out -", "only for --json"),
+    "lab --seeds 2**64": cli(lambda t: ["lab", "--seeds", str(2**64)], "--seeds", "from 0 to 4294967295"),
     "[works] check-config unknown key": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  nam: a\n"))],
                                             "did you mean 'name'"),
 }
@@ -361,6 +363,17 @@ def test_cli_errors_exit_2_with_a_message_before_any_dump_is_read(case, tmp_path
     for needle in needles:
         assert needle in err, err
     assert "Traceback" not in err and len(err) < MAX_MESSAGE + 600
+
+
+def test_a_run_of_unreadable_dumps_gives_one_bounded_message(tmp_path, capsys):
+    (tmp_path / "train_data").mkdir()
+    for i in range(300):
+        (tmp_path / "train_data" / f"{i}.pt").touch()
+    assert main(["analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no readable rollout" in err and "and 295 more" in err and "(EOFError: empty or truncated file)" in err
+    assert f"{tmp_path}/train_data/0.pt: cannot be read" in err and "0.pt: " + str(tmp_path) not in err
+    assert len(err) < 2000
 
 
 # --- guarded and counted: training goes on ----------------------------------------------------------------------------

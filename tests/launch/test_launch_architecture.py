@@ -26,8 +26,14 @@ def test_expert_count_keys(key: str) -> None:
 
 def test_dense_and_odd_values() -> None:
     assert expert_count({"hidden_size": 4096}) == 0
-    assert expert_count({"num_experts": True, "n_routed_experts": 8}) == 8  # a boolean is not a count
-    assert expert_count({"num_experts": None, "num_local_experts": 8}) == 8  # first integer wins
+    assert expert_count({"num_experts": None, "num_local_experts": 8}) == 8  # null is unset: the next key counts
+    # multimodal MoE models keep the count in text_config (Qwen3-VL-MoE num_experts, Llama 4 num_local_experts)
+    assert expert_count({"text_config": {"num_experts": 128}}) == 128
+    assert expert_count({"text_config": {"num_local_experts": 16}, "vision_config": {"num_experts": 4}}) == 16
+    assert expert_count({"num_experts": 0, "text_config": {"num_experts": 8}}) == 0  # the top level decides
+    for bad in (True, "8", 8.0, -1):  # not a count: an error, never a silent "dense"
+        with pytest.raises(ConfigError, match="num_experts: expected the number of experts"):
+            expert_count({"num_experts": bad, "n_routed_experts": 8})
     assert resolve_architecture(num_experts=0) == "dense"
     assert resolve_architecture() is None
     assert resolve_architecture(architecture="dense", num_experts=128) == "dense"  # an explicit name wins

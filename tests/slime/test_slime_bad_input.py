@@ -122,7 +122,8 @@ def test_args_without_mismatch_ctrl():
     (DCGRPO, {"custom_advantage_function_path": "slime.custom.advantages"}, "--custom-advantage-function-path"),
     (GRPO, {"advantage_estimator": "ppo"}, "--advantage-estimator ppo"),
     (method("length_decay"), {"decoupled_lr": 1.0e-5}, "decoupled"),
-    (DCGRPO, {"get_mismatch_metrics": False, **ONE_STEP}, "one optimizer step per rollout"),
+    (DCGRPO, {"get_mismatch_metrics": False, **ONE_STEP}, "global_batch_size = 32 x 8 // 256 = 1"),
+    (DCGRPO, {"get_mismatch_metrics": False, **ONE_STEP, "global_batch_size": 200}, "32 x 8 // 200 = 1"),
     (method("acrl"), {"get_mismatch_metrics": False, "use_tis": True, **ONE_STEP}, "one optimizer step per rollout"),
     (DCGRPO, {"get_mismatch_metrics": False, "use_rollout_logprobs": True}, "--use-rollout-logprobs"),
 ])
