@@ -247,7 +247,8 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=16000, help="longest response in tokens (default 16000)")
     parser.add_argument("--repeats", type=int, default=9, help="timed repeats of the vectorised paths (default 9)")
     parser.add_argument("--loop-repeats", type=int, default=3, help="timed repeats of the loops (default 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: the targets are per thread, as make bench runs it)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-check", action="store_true", help="skip checking that the loops match the core")
     parser.add_argument("--profile", action="store_true", help="print the ops that dominate the vectorised paths")

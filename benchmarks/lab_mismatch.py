@@ -30,9 +30,9 @@ from mismatch_ctrl.lab.warmup import WARMUP_PRESETS, warmup_policy, warmup_prese
 
 COLUMNS = [
     ("floor", "floor"), ("floor_r3", "floor R3"), ("replay_reduction", "R3 cut"),
-    ("log_ratio_abs_p99", "p99|lr|"), ("log_ratio_abs_p99_r3", "p99 R3"), ("log_ratio_abs_max", "max|lr|"),
+    ("log_ratio_abs_p99", "p99 abs(lr)"), ("log_ratio_abs_p99_r3", "p99 R3"), ("log_ratio_abs_max", "max abs(lr)"),
     ("log_ratio_abs_max_r3", "max R3"), ("routing_flip_fraction", "flips"), ("routing_flip_fraction_prompt", "prompt"),
-    ("discrepancy_flipped", "|dp| flip"), ("discrepancy_unflipped", "|dp| other"),
+    ("discrepancy_flipped", "abs(dp) flip"), ("discrepancy_unflipped", "abs(dp) other"),
     ("geo_log_ratio_abs_p99", "geo p99"),
 ]
 

@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     check = sub.add_parser("check-config", help="validate a method YAML (the file given to --custom-config-path)",
-                           description="Validate a YAML with a top-level 'mismatch_ctrl:' key and print the resolved "
-                                       "settings. Exit 0 if valid, 2 with a message naming the key otherwise.")
+                           description="Validate a YAML with a top-level 'mismatch_ctrl:' key (--json: print every "
+                                       "resolved setting). Exit 0 if valid, 2 with a message naming the key "
+                                       "otherwise.")
     check.add_argument("path", help="YAML file, e.g. configs/methods/dcgrpo.yaml")
     arch = check.add_mutually_exclusive_group()
     arch.add_argument("--arch", choices=("dense", "moe"), help="architecture for the DC-GRPO defaults")
@@ -221,4 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    return ns.run(ns)
+    try:
+        return ns.run(ns)
+    except BrokenPipeError:  # the reader of standard output went away (`analyze --json - | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

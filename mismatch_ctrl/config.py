@@ -29,7 +29,7 @@ from .dcgrpo import DCGRPOSettings
 from .errors import ConfigError
 from .formatting import brief, clip
 from .lr_schedule import LengthDecaySettings
-from .presets import FIELD_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis
+from .presets import FIELD_ALIASES, PRESET_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis
 
 ROOT_KEY = "mismatch_ctrl"
 
@@ -185,7 +185,8 @@ def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
     try:
         preset = canonical_preset(str(preset))
     except KeyError:
-        raise ConfigError(f"{path}.preset: unknown preset {brief(preset)}; choose one of {sorted(PRESETS)}") from None
+        raise ConfigError(f"{path}.preset: unknown preset {brief(preset)}; choose one of {sorted(PRESETS)} or an "
+                          f"alias of slime / verl: {sorted(PRESET_ALIASES)}") from None
     for alias, canonical in FIELD_ALIASES.items():
         if alias in fields:
             if canonical in fields:
@@ -203,7 +204,8 @@ def _check_combination(config: Config) -> None:
             raise ConfigError(
                 f"{ROOT_KEY}.architecture: DC-GRPO needs {', '.join(missing)}; they default per architecture, which "
                 "could not be resolved (no expert count: Megatron's --num-experts unset and no --hf-checkpoint "
-                "config.json): set architecture: dense or moe (or give the values in the dcgrpo section)")
+                "config.json; check-config: no --arch, --num-experts or --hf-config): set architecture: dense or moe "
+                "(or give the values in the dcgrpo section)")
     if config.acrl.enabled and config.correction.is_level is not None:
         raise ConfigError(f"{ROOT_KEY}.acrl.enabled: ACRL sets the token IS weights itself; drop the IS stage of "
                           f"correction (preset {config.correction_preset!r}) or disable acrl")

@@ -270,7 +270,9 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
             for k, name in enumerate(PRESET_NAMES):
                 ax.plot(ids, [r["rejection"][name][part] for r in measured], lw=1.4, color=f"C{k}", label=name,
                         ls=("-", "--", ":", "-.")[k % 4])
-            ax.set_title(f"fraction of {part} each preset rejects")
+            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.set_ylim(0.0, 1.0)
+            ax.set_title(f"fraction of {part} each preset rejects (linear below 0.001)")
         save(fig, "rejection", list(axes))
 
     surge = result["surge"]

@@ -34,7 +34,7 @@ PlotSpec = tuple[str, str, str, int, Callable[[dict[str, Any]], bool] | None]
 PLOTS: list[PlotSpec] = [
     ("reward", "reward", "training reward (10-rollout moving average)", 10, None),
     ("eval_accuracy", "eval_acc_engine", "held-out greedy accuracy of the rollout engine (deployed)", 1, None),
-    ("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (dotted grey: DC-GRPO eps)", 1,
+    ("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (dotted: DC-GRPO eps)", 1,
      None),
     ("routing_flip_fraction", "routing_flip_fraction", "share of response tokens whose expert set flipped "
      "(5-rollout moving average)", 5, None),
@@ -163,6 +163,14 @@ def _style(index: int) -> dict[str, Any]:
     return {"color": f"C{index % 10}", "ls": LINESTYLES[index % len(LINESTYLES)], "lw": 1.5}
 
 
+def _log_bottom(curves: list[tuple[str, tuple[list[float], ...]]], extra: list[float]) -> float | None:
+    """The lower limit of a log axis that shows the quantised engines' curves and ``extra`` values (eps): the exact
+    engine's (``@none``, orders of magnitude lower) are left below it; None when there is no exact engine."""
+    quantised = [v for label, (_, _, low, _) in curves if "@none" not in label for v in low if v > 0]
+    exact = [label for label, _ in curves if "@none" in label]
+    return min(quantised + [v for v in extra if v > 0]) / 1.5 if quantised and exact else None
+
+
 def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
     """One PNG per quantity of :data:`PLOTS` that some run has, and ``overview.png``. Each run has its own colour and
     line style; a run whose mean curve equals an earlier one's is labelled ``(= that run)``; the band is the min-max
@@ -192,6 +200,10 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
     def draw(ax: Any, name: str) -> None:
         spec = next(p for p in PLOTS if p[0] == name)
         same = twins(drawn[name])
+        eps = [v for label, _ in drawn[name] if name == "discrepancy" and label in eps_lines
+               for v in eps_lines[label][1]]
+        bottom = _log_bottom(drawn[name], eps) if name in LOG_SCALE else None
+        below = [label for label, (_, _, _, high) in drawn[name] if bottom is not None and max(high) < bottom]
         for label, (x, mean, low, high) in drawn[name]:
             text = f"{label} (= {same[label]})" if label in same else label
             ax.plot(x, mean, label=text, **styles[label])
@@ -200,12 +212,14 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
             if low != high:
                 ax.fill_between(x, low, high, color=styles[label]["color"], alpha=0.08, lw=0)
             if name == "discrepancy" and label in eps_lines and eps_lines[label][0]:
-                ax.plot(eps_lines[label][0], eps_lines[label][1], color="0.5", ls=":", lw=1)
-        ax.set_title(spec[2], fontsize=9)
+                ax.plot(eps_lines[label][0], eps_lines[label][1], color="0.15", ls=":", lw=1.4, zorder=5)
+        ax.set_title(spec[2] + (f"; below the axis: {', '.join(below)}" if below else ""), fontsize=9)
         ax.set_xlabel("rollout")
         ax.grid(alpha=0.3)
         if name in LOG_SCALE:
             ax.set_yscale("log")
+            if bottom is not None:
+                ax.set_ylim(bottom=bottom)
 
     written = []
     for name in drawn:
@@ -228,8 +242,9 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
+    several = any(len(seeds) > 1 for seeds in runs.values())
     axes.flat[-1].legend(handles, labels, loc="center", fontsize=11, frameon=False,
-                         title="mean over seeds; band: min-max")
+                         title="mean over seeds; band: min-max" if several else "one seed")
     overview.tight_layout()
     path = out_dir / "overview.png"
     overview.savefig(path, dpi=90)
@@ -280,7 +295,8 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
         "recomputes log-probs in fp32 (`+r3`: with the engine's expert sets). Accuracies are greedy exact-match on "
         "held-out prompts. Each seed has its own warm-up.",
         "",
-        f"Cells: mean [{INTERVAL}] ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}; one seed: the value). Exact "
+        (f"Cells: mean [{INTERVAL}] over {len(seeds)} seeds. Exact " if len(seeds) > 1 else "Cells: the value of "
+         "the one seed. Exact ") +
         "figures depend on the CPU's floating-point kernels; compare intervals, not digits.",
         "",
         "| run | engine acc start | engine acc late | change | fp32 acc late | reward late | discrepancy first "

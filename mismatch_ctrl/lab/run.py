@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import queue
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,8 @@ def _train_one(spec: RunSpec, settings: LabSettings, policy_bytes: bytes, out_di
     policy_state = torch.load(io.BytesIO(policy_bytes), weights_only=True)
     trainer = Trainer(spec, settings, policy_state, run_dir(out_dir, spec, settings.seed))
     key = (spec.label, settings.seed)
+    if progress is not None:
+        progress.put((key, 0))  # the run starts now (it may have waited for a free process)
     return trainer.run(lambda n: progress.put((key, n)) if progress is not None else None)
 
 
@@ -143,10 +146,41 @@ def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-onl
 
 
 def _bar(label: str, total: int, position: int, enabled: bool) -> Any:
+    """A progress bar (``disable=None``: none when standard error is not a terminal; see :class:`_Progress`)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"{label:<30}", position=position, unit="rollout", disable=not enabled,
-                leave=True, dynamic_ncols=True)
+    return tqdm(total=total, desc=f"{label:<30}", position=position, unit="rollout",
+                disable=None if enabled else True, leave=True, dynamic_ncols=True)
+
+
+class _Progress:
+    """One bar per parallel run, whose clock starts when the run starts and stops when it ends; without a terminal,
+    one line per finished run instead of bars."""
+
+    def __init__(self, jobs_list: list[tuple[RunSpec, LabSettings]], enabled: bool) -> None:
+        self.bars = {(spec.label, s.seed): _bar(f"{spec.label} seed {s.seed}", s.steps, i, enabled)
+                     for i, (spec, s) in enumerate(jobs_list)}
+        self.done = dict.fromkeys(self.bars, 0)
+        self.started = dict.fromkeys(self.bars, time.monotonic())
+        self.lines = enabled
+
+    def advance(self, key: tuple[str, int], n: int) -> None:
+        bar = self.bars[key]
+        if n == 0:
+            self.started[key] = time.monotonic()
+            bar.reset()
+            return
+        bar.update(n)
+        self.done[key] += n
+        if self.done[key] == bar.total:
+            bar.close()
+            if bar.disable and self.lines:
+                print(f"{key[0]} seed {key[1]}: {bar.total} rollouts in {time.monotonic() - self.started[key]:.0f} s",
+                      flush=True)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
 
 
 def _run_serial(spec: RunSpec, settings: LabSettings, policy_state: dict[str, Any], out_dir: Path,
@@ -165,20 +199,16 @@ def _run_parallel(jobs_list: list[tuple[RunSpec, LabSettings]], states: dict[int
         state_bytes[seed] = buffer.getvalue()
     with context.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=context) as pool:
         progress = manager.Queue()
-        bars = {(spec.label, s.seed): _bar(f"{spec.label} seed {s.seed}", s.steps, i, show_progress)
-                for i, (spec, s) in enumerate(jobs_list)}
+        bars = _Progress(jobs_list, show_progress)
         futures = [pool.submit(_train_one, spec, s, state_bytes[s.seed], out_dir, progress) for spec, s in jobs_list]
         while not all(f.done() for f in futures):
             try:
-                key, n = progress.get(timeout=0.5)
-                bars[key].update(n)
+                bars.advance(*progress.get(timeout=0.5))
             except queue.Empty:
                 continue
         while not progress.empty():
-            key, n = progress.get()
-            bars[key].update(n)
-        for bar in bars.values():
-            bar.close()
+            bars.advance(*progress.get())
+        bars.close()
         return [f.result() for f in futures]
 
 

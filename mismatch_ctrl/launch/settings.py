@@ -217,7 +217,7 @@ def usage(launcher: str, settings: Settings) -> str:
         "  (none)      check the configuration and the cluster (GPUs, Ray, imports, checkpoints, data), then submit "
         "the job",
         "  --dry-run   check the configuration and the layout, estimate memory, warn about missing cluster paths,",
-        "              print the ray job submit command; exit 0",
+        "              print the ray job submit command; exit 0 if the layout is valid, else 2",
         "  --prepare   write the data, convert MODEL_DIR to TORCH_DIST_DIR (torch_dist) and to FP8_HF_DIR (FP8 block "
         "128)",
         "              where a complete output (marker .mismatch_ctrl_complete) is missing; with --dry-run, print the "

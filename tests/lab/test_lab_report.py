@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 from mismatch_ctrl.lab.aggregate import aggregate, compare, paired, sign, spread, t_quantile_975
-from mismatch_ctrl.lab.report import _series, aggregate_runs, band, comparisons, twins, write_plots
+from mismatch_ctrl.lab.report import _log_bottom, _series, aggregate_runs, band, comparisons, twins, write_plots
 
 
 def test_spread_of_known_numbers():
@@ -99,3 +99,28 @@ def test_plots_of_one_dense_run_skip_absent_quantities_without_legend_warnings(t
     names = {p.stem for p in paths}
     assert names == {"overview", "reward", "eval_accuracy", "discrepancy", "lr", "response_length"}
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_log_axis_leaves_the_exact_engine_below_and_keeps_eps_visible():
+    curve = lambda low: ([0, 1], low, low, low)  # noqa: E731
+    fp8 = [("grpo@e4m3", curve([0.012, 0.010])), ("dcgrpo@e4m3", curve([0.011, 0.02]))]
+    exact = [("grpo@none", curve([1e-7, 2e-7]))]
+    assert _log_bottom(fp8 + exact, []) == pytest.approx(0.010 / 1.5)
+    assert _log_bottom(fp8 + exact, [0.005, 0.011]) == pytest.approx(0.005 / 1.5)
+    assert _log_bottom(fp8, [0.005]) is None  # no exact engine: matplotlib's own limits
+
+
+def test_parallel_progress_clock_starts_with_the_run_and_reports_each_finished_run(capsys):
+    from mismatch_ctrl.lab.methods import RunSpec
+    from mismatch_ctrl.lab.run import _Progress
+    from mismatch_ctrl.lab.trainer import LabSettings
+
+    jobs = [(RunSpec("grpo", "e4m3"), LabSettings(steps=3, seed=0)), (RunSpec("dcgrpo", "e4m3"), LabSettings(steps=3))]
+    progress = _Progress(jobs, enabled=True)  # pytest's stderr is no terminal: lines instead of bars
+    key = ("grpo@e4m3", 0)
+    progress.advance(key, 0)
+    progress.advance(key, 2)
+    assert capsys.readouterr().out == ""
+    progress.advance(key, 1)
+    progress.close()
+    assert capsys.readouterr().out.strip() == "grpo@e4m3 seed 0: 3 rollouts in 0 s"
