@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def recompute() -> None:
             with torch.inference_mode():
-                policy.token_log_probs(rollout.tokens, rollout.prompt_len, rollout.response_mask)
+                policy.score(rollout.tokens, rollout.prompt_len, rollout.response_mask)
 
         rollout_s = median_seconds(lambda: engine.generate(prompts, args.samples, 1.0, task.generation_len,
                                                            generator), args.repeats)

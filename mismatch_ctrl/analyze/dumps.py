@@ -54,7 +54,6 @@ MAX_ID_DIGITS = 18
 _ID = re.compile(r"[0-9]+")
 _EVAL = re.compile(r"(?:^|[^0-9A-Za-z])eval_[0-9]+")
 """An evaluation dump: slime formats ``{rollout_id}`` as ``eval_{rollout_id}`` for them."""
-ID_KEYS = ("rollout_position", "sample_index", "data_parallel_rank")
 CONTEXT_PARALLEL_FIELDS = ("rollout_log_probs", "teacher_log_probs", "log_probs", "ref_log_probs", "values",
                            "advantages", "returns", "kl", "entropy", "opd_reverse_kl")
 """Response-token columns slime gathers over context parallelism before writing (full response length each)."""

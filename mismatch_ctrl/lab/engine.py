@@ -101,16 +101,6 @@ class RolloutEngine:
         """Greedy (argmax) responses, one per prompt; log-probs at temperature 1."""
         return self._decode(prompts, 1, None, max_new_tokens, None)
 
-    def token_log_probs(
-        self,
-        tokens: Tensor,
-        prompt_len: int,
-        response_mask: Tensor | None = None,
-        temperature: float = 1.0,
-    ) -> Tensor:
-        """The engine's teacher-forced log-probs of ``tokens[:, prompt_len:]`` (see ``TinyPolicy.token_log_probs``)."""
-        return self.score(tokens, prompt_len, response_mask, temperature)[0]
-
     def score(
         self,
         tokens: Tensor,

@@ -55,7 +55,7 @@ def rollout_floor(policy: TinyPolicy, rollout: Rollout, temperature: float = 1.0
     prob_diff = (own.log_probs.exp() - rollout.rollout_log_probs.exp()).abs()
     out.update(routing_metrics(own.routing, rollout.routing, rollout.prompt_len, mask, prob_diff))
     with torch.inference_mode():
-        replayed = policy.token_log_probs(rollout.tokens, rollout.prompt_len, mask, temperature, rollout.routing)
+        replayed = policy.score(rollout.tokens, rollout.prompt_len, mask, temperature, rollout.routing).log_probs
     out.update({f"{k}_r3": v for k, v in mismatch_stats(replayed, rollout.rollout_log_probs, mask).items()})
     return out
 

@@ -310,20 +310,6 @@ class TinyPolicy(nn.Module):
             return Forward(self.norm(x), None, None)
         return Forward(self.norm(x), torch.stack(routes, dim=2), torch.stack(logits, dim=2))
 
-    def token_log_probs(
-        self,
-        tokens: Tensor,
-        prompt_len: int,
-        response_mask: Tensor | None = None,
-        temperature: float = 1.0,
-        replay: Tensor | None = None,
-    ) -> Tensor:
-        """Teacher-forced log-probs [n, R] of the response tokens ``tokens[:, prompt_len:]`` (R = T - prompt_len):
-        ``log_softmax(logits / temperature)`` at the next token, fp32, 0 where ``response_mask`` is False.
-        Differentiable; wrap in ``torch.inference_mode()`` for a recompute without gradients. ``replay``: expert
-        sets of the input positions ``tokens[:, :-1]`` ([n, T - 1, n_layers, top_k], see ``run``)."""
-        return self.score(tokens, prompt_len, response_mask, temperature, replay).log_probs
-
     def score(
         self,
         tokens: Tensor,
@@ -332,7 +318,11 @@ class TinyPolicy(nn.Module):
         temperature: float = 1.0,
         replay: Tensor | None = None,
     ) -> Scored:
-        """``token_log_probs`` with the routing the forward used at the input positions ``tokens[:, :-1]``."""
+        """Teacher-forced log-probs [n, R] of the response tokens ``tokens[:, prompt_len:]`` (R = T - prompt_len):
+        ``log_softmax(logits / temperature)`` at the next token, fp32, 0 where ``response_mask`` is False, with the
+        routing the forward used at the input positions ``tokens[:, :-1]`` (:class:`Scored`). Differentiable; wrap
+        in ``torch.inference_mode()`` for a recompute without gradients. ``replay``: expert sets of the input
+        positions ([n, T - 1, n_layers, top_k], see ``run``)."""
         if tokens.dim() != 2 or not 1 <= prompt_len < tokens.shape[1]:
             raise ValueError(
                 f"tokens [n, T] with 1 <= prompt_len < T required, got shape {tuple(tokens.shape)}, "

@@ -263,8 +263,8 @@ class Trainer:
         lengths = pick("response_lengths")
         segments = Segments(lengths)
         mask = rollout.response_mask[index]
-        new = self.policy.token_log_probs(rollout.tokens[index], rollout.prompt_len, mask, s.temperature,
-                                          self.replay(rollout, index))[mask]
+        new = self.policy.score(rollout.tokens[index], rollout.prompt_len, mask, s.temperature,
+                                self.replay(rollout, index)).log_probs[mask]
         old = torch.cat(pick("log_probs"))
         advantages = torch.cat(pick("advantages"))
         pg_loss = policy_loss(old - new, advantages, s.eps_clip, s.eps_clip_high)

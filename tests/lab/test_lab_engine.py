@@ -52,15 +52,15 @@ def test_kv_cache_matches_full_forward():
         policy(tokens[:, :1], cache)
 
 
-def test_token_log_probs_teacher_forced_with_mask_and_temperature():
+def test_score_teacher_forced_with_mask_and_temperature():
     policy = peaked_policy()
     tokens = torch.randint(0, 15, (4, 10), generator=torch.Generator().manual_seed(2))
     expected = reference_log_probs(policy, tokens, 6)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
-    got = policy.token_log_probs(tokens, 6, mask)
+    got = policy.score(tokens, 6, mask).log_probs
     torch.testing.assert_close(got, expected.masked_fill(~mask, 0.0), atol=1e-5, rtol=1e-5)
     assert got.requires_grad
-    hot = policy.token_log_probs(tokens, 6, temperature=0.5).detach()
+    hot = policy.score(tokens, 6, temperature=0.5).log_probs.detach()
     with torch.no_grad():
         logits = policy(tokens[:, :-1])[:, 5:] / 0.5
     torch.testing.assert_close(hot, torch.log_softmax(logits, -1).gather(-1, tokens[:, 6:, None]).squeeze(-1))
@@ -92,7 +92,7 @@ def test_cached_generation_log_probs_equal_engine_teacher_forcing(mode):
     flip the rounding of one activation now and then, so a rare token may differ there (not with quant off)."""
     engine = RolloutEngine(peaked_policy(), quant=mode)
     rollout = engine.generate(prompts(32), 4, temperature=0.8, generator=torch.Generator().manual_seed(1))
-    forced = engine.token_log_probs(rollout.tokens, rollout.prompt_len, rollout.response_mask, temperature=0.8)
+    forced = engine.score(rollout.tokens, rollout.prompt_len, rollout.response_mask, temperature=0.8)[0]
     diff = (rollout.rollout_log_probs - forced)[rollout.response_mask].abs()
     if mode == "none":
         assert diff.max() < 1e-5
@@ -105,7 +105,7 @@ def mismatch(mode: str, policy: TinyPolicy) -> float:
     engine = RolloutEngine(policy, quant=mode)
     rollout = engine.generate(prompts(64, seed=3), 4, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        lp_train = policy.token_log_probs(rollout.tokens, rollout.prompt_len, rollout.response_mask)
+        lp_train = policy.score(rollout.tokens, rollout.prompt_len, rollout.response_mask).log_probs
     mask = rollout.response_mask
     return (lp_train - rollout.rollout_log_probs)[mask].abs().mean().item()
 
@@ -158,11 +158,11 @@ def test_sync_follows_policy_updates():
     with torch.no_grad():
         policy.lm_head.weight.mul_(1.5)
     tokens = torch.cat([prompts(4), torch.full((4, 3), 7)], dim=1)
-    stale = engine.token_log_probs(tokens, 7)
-    fresh = policy.token_log_probs(tokens, 7).detach()
+    stale = engine.score(tokens, 7)[0]
+    fresh = policy.score(tokens, 7).log_probs.detach()
     assert (stale - fresh).abs().max() > 1e-3
     engine.sync(policy)
-    torch.testing.assert_close(engine.token_log_probs(tokens, 7), fresh, atol=1e-6, rtol=0)
+    torch.testing.assert_close(engine.score(tokens, 7)[0], fresh, atol=1e-6, rtol=0)
 
 
 def test_bad_arguments_are_named():
