@@ -34,7 +34,7 @@ from torch import Tensor
 from ..analyze.dumps import samples_from_rollout_data, write_train_dump
 from ..batch import Segments
 from ..slime import hooks
-from ..slime.runtime import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
+from ..slime.names import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
 from .engine import RolloutEngine
 from .methods import RunSpec, method_section
 from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy

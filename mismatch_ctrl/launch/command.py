@@ -12,21 +12,17 @@ ambiguous prefix once it is removed).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
 from typing import Sequence
 
+from ..slime.names import HOOK_FLAGS
 from .model_shape import MegatronModel
 from .settings import Settings
 
-HOOKS = {
-    "--custom-advantage-function-path": "mismatch_ctrl.slime.hooks.advantages",
-    "--custom-tis-function-path": "mismatch_ctrl.slime.hooks.rollout_correction",
-    "--custom-megatron-before-train-step-hook-path": "mismatch_ctrl.slime.hooks.before_train_step",
-    "--custom-megatron-init-path": "mismatch_ctrl.slime.hooks.on_megatron_init",
-}
 REWARD_FUNCTION = "recipes.qwen3_30b_a3b.reward.rm"
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, *range(16, 257, 8))
 # slime's scripts/low_precision/run-qwen3-30b-a3b-fp8.sh: FP8 training with Transformer Engine, blockwise e4m3.
@@ -36,6 +32,12 @@ FP8_TRAINING_ARGS = ("--transformer-impl", "transformer_engine", "--fp8-format",
 def job_pythonpath(s: Settings) -> str:
     """Megatron-LM, slime and this repository: every Ray actor imports the hooks and the recipe from there."""
     return f"{s['MEGATRON_DIR']}:{s['SLIME_DIR']}:{s['REPO_ROOT']}"
+
+
+def job_env(s: Settings) -> dict[str, str]:
+    """This process's environment with the job's PYTHONPATH first: how a check imports what the job will import."""
+    inherited = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": job_pythonpath(s) + (f":{inherited}" if inherited else "")}
 
 
 def nvls_enable(setting: str) -> str:
@@ -67,7 +69,7 @@ def runtime_env(s: Settings, nvls: str) -> str:
 def train_args(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[str]:
     """``train.py``'s arguments; ``extra`` (the user's, after ``--``) come last so that they win."""
     nodes, gpus = s["NUM_NODES"], s["GPUS_PER_NODE"]
-    moe = model.num_experts > 0
+    moe = model.is_moe
     args = [
         "--actor-num-nodes", nodes, "--actor-num-gpus-per-node", gpus, "--num-gpus-per-node", gpus, "--colocate",
         *model.args,
@@ -97,7 +99,7 @@ def train_args(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[
         "--use-dynamic-batch-size", "--max-tokens-per-gpu", s["MAX_TOKENS_PER_GPU"],
         "--advantage-estimator", "grpo", "--eps-clip", s["EPS_CLIP"], "--eps-clip-high", s["EPS_CLIP_HIGH"],
     ]
-    for flag, path in HOOKS.items():
+    for flag, path in HOOK_FLAGS.items():
         args += [flag, path]
     args += ["--custom-config-path", s["METHOD_CONFIG"], "--get-mismatch-metrics"]
     if s.flag("ROUTING_REPLAY"):

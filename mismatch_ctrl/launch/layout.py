@@ -111,12 +111,12 @@ def trainer_problems(layout: Layout, model: MegatronModel) -> list[str]:
     gpus = lo.gpus
     out = _divides(lo.tp * lo.pp * lo.cp, f"TP x PP x CP = {lo.tp} x {lo.pp} x {lo.cp}", gpus, lo.gpus_text,
                    "Megatron's model-parallel groups must tile the GPUs; choose TP, PP, CP whose product divides it")
-    if gpus % (lo.tp * lo.pp * lo.cp) == 0:
+    if not out:  # the data-parallel size exists
         out += _divides(lo.dp, "the data-parallel size (GPUs / (TP x PP x CP))", lo.global_batch_size,
                         "GLOBAL_BATCH_SIZE", f"Megatron's micro-batch calculator needs whole micro-batches per rank: "
                         f"set GLOBAL_BATCH_SIZE to a multiple of {lo.dp}")
     experts = model.num_experts
-    if experts > 0:
+    if model.is_moe:
         out += _divides(lo.ep * lo.etp * lo.pp, f"EP x ETP x PP = {lo.ep} x {lo.etp} x {lo.pp}", gpus, lo.gpus_text,
                         "Megatron's expert grid must tile the GPUs; choose EP among the divisors of the GPU count")
         out += _divides(lo.ep, "EP", experts, "the experts of the model (--num-experts)",

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from ..errors import ConfigError
-from .command import format_command, job_pythonpath, nvls_enable, submit_command
+from ..formatting import clip
+from ..slime.names import TRACKER
+from .command import format_command, job_env, nvls_enable, submit_command
 from .layout import Layout, engine_problems, trainer_problems
 from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
@@ -105,8 +107,7 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
         methods = sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml"))
         return "", [f"METHOD_CONFIG={config} does not exist (METHOD={s['METHOD']}; methods in configs/methods: "
                     f"{' '.join(methods)})"], []
-    environment = {**os.environ, "PYTHONPATH": job_pythonpath(s) + (
-        f":{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "")}
+    environment = job_env(s)
     done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, "--num-experts",
                            str(model.num_experts)], capture_output=True, text=True, env=environment)
     output = (done.stdout + done.stderr).strip()
@@ -115,7 +116,7 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
     if "No module named 'torch'" in output:
         message = f"METHOD_CONFIG={config} not validated: PYTHON={s['PYTHON']} has no torch (check-config needs it)"
         return "", ([] if dry_run else [message]), ([message] if dry_run else [])
-    return "", [f"METHOD_CONFIG={config} is invalid: {output}"], []
+    return "", [f"METHOD_CONFIG={config} is invalid: {clip(output, 2000)}"], []
 
 
 def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
@@ -128,10 +129,10 @@ def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
 
 def summary(s: Settings, model: MegatronModel, layout: Layout, method_summary: str, report: Report) -> None:
     experts = model.num_experts
-    kind = f"MoE, {experts} experts, EP{layout.ep} x ETP{layout.etp}" if experts else "dense"
+    kind = f"MoE, {experts} experts, EP{layout.ep} x ETP{layout.etp}" if model.is_moe else "dense"
     compute = "FP8 blockwise e4m3 (Transformer Engine)" if s["TRAIN_PRECISION"] == "fp8" else "BF16"
     engines = f"TP{layout.rollout_gpus_per_engine}" + (
-        f", EP{layout.rollout_ep}: moe_tp {layout.moe_tp}" if experts else "")
+        f", EP{layout.rollout_ep}: moe_tp {layout.moe_tp}" if model.is_moe else "")
     steps = layout.rollout_batch_size * layout.n_samples_per_prompt // layout.global_batch_size
     report.note(f"method {s['METHOD']}: {method_summary or s['METHOD_CONFIG']}")
     report.note(f"model {s['MODEL']} ({kind}): rollouts on {s['FP8_HF_DIR']} (FP8), training from "
@@ -142,7 +143,7 @@ def summary(s: Settings, model: MegatronModel, layout: Layout, method_summary: s
     report.note(f"batch: {layout.rollout_batch_size} prompts x {layout.n_samples_per_prompt} samples per rollout = "
                 f"{steps} optimizer steps of {layout.global_batch_size}; {s['NUM_ROLLOUT']} rollouts; routing replay "
                 f"{'on' if layout.routing_replay else 'off'}")
-    tracker = Path(s["LOAD_DIR"], "latest_checkpointed_iteration.txt")
+    tracker = Path(s["LOAD_DIR"], TRACKER)
     if tracker.is_file():
         report.note(f"resume: LOAD_DIR={s['LOAD_DIR']} holds iteration {tracker.read_text().strip()}")
     else:

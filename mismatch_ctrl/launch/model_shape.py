@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..architecture import expert_count, read_hf_config
+from ..architecture import architecture_of, expert_count, read_hf_config
 from ..errors import ConfigError
+from ..formatting import brief
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class ModelShape:
 
     @property
     def is_moe(self) -> bool:
-        return self.num_experts > 0
+        return architecture_of(self.num_experts) == "moe"
 
     @property
     def moe_layers(self) -> int:
@@ -52,10 +53,10 @@ class ModelShape:
     def from_hf_config(cls, config: Mapping[str, Any], source: str) -> ModelShape:
         """Read a parsed ``config.json``; :class:`ConfigError` naming ``source`` and the key if one is missing."""
 
-        def integer(key: str, default: int | None = None) -> int:
+        def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
             value = config.get(key, default)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{source} has {key} = {value!r}; expected a non-negative integer (is it the "
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ConfigError(f"{source} has {key} = {brief(value)}; expected an integer >= {minimum} (is it the "
                                   f"model's config.json?)")
             return value
 
@@ -65,18 +66,20 @@ class ModelShape:
         experts = expert_count(config)
         dense = layers
         if experts:
-            step = integer("decoder_sparse_step", 1) or 1
+            step = integer("decoder_sparse_step", 1)
             only = config.get("mlp_only_layers") or []
+            if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+                raise ConfigError(f"{source} has mlp_only_layers = {brief(only)}; expected a list of layer indices")
             dense = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
-        block = (config.get("quantization_config") or {}).get("weight_block_size") \
-            if isinstance(config.get("quantization_config"), dict) else None
+        quant = config.get("quantization_config")
+        block = quant.get("weight_block_size") if isinstance(quant, dict) else None
         if block is not None and not (isinstance(block, list) and len(block) == 2 and
-                                      all(isinstance(b, int) and b > 0 for b in block)):
-            raise ConfigError(f"{source} has quantization_config.weight_block_size = {block!r}; expected [n, k]")
+                                      all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise ConfigError(f"{source} has quantization_config.weight_block_size = {brief(block)}; expected [n, k]")
         return cls(
             hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
             num_key_value_heads=integer("num_key_value_heads", heads),
-            head_dim=integer("head_dim", hidden // heads if heads else 0),
+            head_dim=integer("head_dim", hidden // heads),
             intermediate_size=integer("intermediate_size"), vocab_size=integer("vocab_size"), dense_layers=dense,
             num_experts=experts,
             moe_intermediate_size=integer("moe_intermediate_size") if experts else 0,
@@ -105,7 +108,7 @@ class MegatronModel:
         if text is None:
             return default
         if not text.isdigit():
-            raise ConfigError(f"MODEL_ARGS_FILE gives {flag} {text!r}, not a non-negative integer")
+            raise ConfigError(f"MODEL_ARGS_FILE gives {flag} {brief(text)}, not a non-negative integer")
         return int(text)
 
     @property
@@ -124,6 +127,11 @@ class MegatronModel:
     @property
     def num_experts(self) -> int:
         return self.integer("--num-experts")
+
+    @property
+    def is_moe(self) -> bool:
+        """The package's one rule (:func:`mismatch_ctrl.architecture.architecture_of`) on ``--num-experts``."""
+        return architecture_of(self.num_experts) == "moe"
 
     def validate(self) -> None:
         """Every number the checks read is an integer: :class:`ConfigError` otherwise."""
@@ -208,7 +216,8 @@ def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron
                             "Qwen/*-FP8 release)")
         elif quant.get("quant_method") != "fp8" or list(quant.get("weight_block_size") or []) != [128, 128]:
             problems.append(f"{variable}: {config_path} quantization_config has quant_method "
-                            f"{quant.get('quant_method')!r} and weight_block_size {quant.get('weight_block_size')!r}; "
+                            f"{brief(quant.get('quant_method'))} and weight_block_size "
+                            f"{brief(quant.get('weight_block_size'))}; "
                             "expected fp8 and [128, 128] (block e4m3, which slime re-quantizes to at every sync)")
     elif quant is not None:
         problems.append(f"{variable}: {config_path} has a quantization_config; it must be the BF16 model")

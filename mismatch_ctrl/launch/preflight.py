@@ -11,14 +11,14 @@ from typing import Callable
 
 import yaml
 
-from .command import HOOKS, REWARD_FUNCTION, job_pythonpath
+from ..formatting import clip
+from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint
+from .command import REWARD_FUNCTION, job_env, job_pythonpath
 from .model_shape import CheckpointReport
 from .settings import Settings
 
-COMPLETE_MARKER = ".mismatch_ctrl_complete"
-EVAL_SET_NAMES = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-IMPORT_TARGETS = ("slime", "megatron.training", *(path.rpartition(".")[0] + ":" + path.rpartition(".")[2]
-                                                  for path in (*HOOKS.values(), REWARD_FUNCTION)))
+IMPORT_TARGETS = ("slime", "megatron.training",
+                  *(":".join(path.rsplit(".", 1)) for path in (*HOOK_FLAGS.values(), REWARD_FUNCTION)))
 _INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
@@ -31,6 +31,16 @@ def eval_data_files(eval_config: str, data_dir: str) -> list[str]:
     datasets = (config.get("eval", config) if isinstance(config, dict) else {}).get("datasets") or []
     return [_INTERPOLATION.sub(lambda m: environment.get(m.group(1), m.group(2) or ""), str(dataset["path"]))
             for dataset in datasets]
+
+
+EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError)
+"""What reading an unusable EVAL_CONFIG raises in :func:`eval_data_files`."""
+
+
+def job_data_files(s: Settings) -> list[str]:
+    """The data files the job reads: PROMPT_DATA and, with evaluation on, the eval sets of EVAL_CONFIG (raises one of
+    :data:`EVAL_CONFIG_ERRORS` if EVAL_CONFIG cannot be read)."""
+    return [s["PROMPT_DATA"], *(eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"]) if s.int("EVAL_INTERVAL") > 0 else [])]
 
 
 def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str]:
@@ -47,21 +57,24 @@ def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str
     else:
         out.append(f"FP8_HF_DIR={s['FP8_HF_DIR']} does not exist; run '{launcher} --prepare' (converts MODEL_DIR) or "
                    f"hf download Qwen/{s.profile.hf_name}-FP8 --local-dir {s['FP8_HF_DIR']}")
-    if not Path(s["TORCH_DIST_DIR"], "latest_checkpointed_iteration.txt").is_file():
-        out.append(f"TORCH_DIST_DIR={s['TORCH_DIST_DIR']} is not a Megatron checkpoint (no "
-                   f"latest_checkpointed_iteration.txt); run '{launcher} --prepare'")
+    if not is_megatron_checkpoint(s["TORCH_DIST_DIR"]):
+        out.append(f"TORCH_DIST_DIR={s['TORCH_DIST_DIR']} is not a Megatron checkpoint (no {TRACKER}); run "
+                   f"'{launcher} --prepare'")
     if not Path(s["PROMPT_DATA"]).is_file():
         out.append(f"PROMPT_DATA={s['PROMPT_DATA']} does not exist; run '{launcher} --prepare' (writes DATA_DIR)")
-    if s.int("EVAL_INTERVAL") > 0:
-        try:
-            missing = [path for path in eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"]) if not Path(path).is_file()]
-        except (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError) as exc:
-            out.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {type(exc).__name__}: {exc}")
-        else:
-            if missing:
-                out.append(f"eval sets of EVAL_CONFIG (with DATA_DIR={s['DATA_DIR']}) do not exist: "
-                           f"{' '.join(missing)}; run '{launcher} --prepare' or set EVAL_INTERVAL=0")
+    try:
+        missing = [path for path in job_data_files(s)[1:] if not Path(path).is_file()]
+    except EVAL_CONFIG_ERRORS as exc:
+        out.append(eval_config_error(s, exc))
+    else:
+        if missing:
+            out.append(f"eval sets of EVAL_CONFIG (with DATA_DIR={s['DATA_DIR']}) do not exist: "
+                       f"{' '.join(missing)}; run '{launcher} --prepare' or set EVAL_INTERVAL=0")
     return out
+
+
+def eval_config_error(s: Settings, exc: Exception) -> str:
+    return f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {type(exc).__name__}: {clip(str(exc), 300)}"
 
 
 def local_gpu_problems(s: Settings) -> list[str]:
@@ -112,8 +125,7 @@ def ray_problems(s: Settings, warn: Callable[[str], None]) -> list[str]:
 
 def import_problems(s: Settings, targets: tuple[str, ...]) -> list[str]:
     """Each ``module`` or ``module:attribute`` importable by PYTHON with the job's PYTHONPATH (``.imports``)."""
-    environment = {**os.environ, "PYTHONPATH": job_pythonpath(s) + (
-        f":{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else "")}
+    environment = job_env(s)
     done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.imports", *targets], capture_output=True,
                           text=True, env=environment)
     failed = [line.removeprefix("import-check: ") for line in done.stdout.splitlines()

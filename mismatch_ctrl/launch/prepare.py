@@ -12,10 +12,14 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..slime.names import TRACKER, is_megatron_checkpoint
 from .command import format_command, job_pythonpath
 from .model_shape import MegatronModel, inspect_checkpoint
-from .preflight import COMPLETE_MARKER, EVAL_SET_NAMES, import_problems, local_gpu_problems
-from .settings import DATA_MODULE, TRAIN_SET_FILE, Settings
+from .preflight import EVAL_CONFIG_ERRORS, eval_config_error, import_problems, job_data_files, local_gpu_problems
+from .settings import DATA_MODULE, Settings
+
+COMPLETE_MARKER = ".mismatch_ctrl_complete"
+"""Written into a conversion's output when it is verified; a directory without it was not written by --prepare."""
 
 
 class PrepareFailed(Exception):
@@ -36,10 +40,12 @@ class Preparation:
     def __init__(self, s: Settings, model: MegatronModel, launcher: str, dry_run: bool,
                  note: Callable[[str], None]):
         self.s, self.model, self.launcher, self.dry_run, self.note = s, model, launcher, dry_run, note
-        data = Path(s["DATA_DIR"])
-        files = [data / TRAIN_SET_FILE, *(data / "eval" / f"{name}.jsonl" for name in EVAL_SET_NAMES)]
+        try:  # the files the launch's preflight asks for: what --prepare must leave behind
+            files, self.data_error = job_data_files(s), ""
+        except EVAL_CONFIG_ERRORS as exc:
+            files, self.data_error = [s["PROMPT_DATA"]], eval_config_error(s, exc)
         self.data_files = len(files)
-        self.data_missing = [str(path) for path in files if not path.is_file()]
+        self.data_missing = [path for path in files if not Path(path).is_file()]
         self.torch_dist = conversion_state(s["TORCH_DIST_DIR"])
         self.fp8 = conversion_state(s["FP8_HF_DIR"])
 
@@ -49,9 +55,9 @@ class Preparation:
 
     def problems(self) -> list[str]:
         """What stops the preparation (for ``--dry-run``: what would)."""
-        s, out = self.s, []
-        for name in ("TORCH_DIST_DIR", "FP8_HF_DIR"):
-            if conversion_state(s[name]) == "foreign":
+        s, out = self.s, [self.data_error] if self.data_error else []
+        for name, state in (("TORCH_DIST_DIR", self.torch_dist), ("FP8_HF_DIR", self.fp8)):
+            if state == "foreign":
                 out.append(f"{name}={s[name]} exists without {COMPLETE_MARKER}, so --prepare did not write it and "
                            f"leaves it alone: if it is a finished checkpoint run 'touch {s[name]}/{COMPLETE_MARKER}', "
                            "otherwise remove it")
@@ -77,11 +83,16 @@ class Preparation:
         print(format_command(words), flush=True)
         return self.dry_run or subprocess.run(list(words)).returncode == 0
 
+    def _step(self, name: str, words: Sequence[str]) -> None:
+        """Run a file step of a conversion; :class:`PrepareFailed` if it fails."""
+        if not self._show_and_run(words):
+            raise PrepareFailed(f"[{name}] '{format_command(words)}' failed; fix it and rerun --prepare")
+
     def _convert(self, name: str, directory: str, verify: Callable[[str], str], words: Sequence[str]) -> None:
         partial = f"{directory}.partial"
         if Path(partial).exists():
             self.note(f"[{name}] removing {partial}, left by an interrupted run")
-            self._show_and_run(["rm", "-rf", "--", partial])
+            self._step(name, ["rm", "-rf", "--", partial])
         if not self._show_and_run(words):
             raise PrepareFailed(f"[{name}] conversion failed; {partial} is incomplete and will be redone by the next "
                                 "--prepare")
@@ -90,21 +101,21 @@ class Preparation:
             if problem:
                 raise PrepareFailed(f"[{name}] conversion finished but its output is not usable: {problem} (left in "
                                     f"{partial})")
-        self._show_and_run(["touch", f"{partial}/{COMPLETE_MARKER}"])
-        self._show_and_run(["mv", "--", partial, directory])
+        self._step(name, ["touch", f"{partial}/{COMPLETE_MARKER}"])
+        self._step(name, ["mv", "--", partial, directory])
 
     def run(self) -> None:
         """The three steps, each skipped when its output is complete; raises :class:`PrepareFailed`."""
         s, pythonpath = self.s, job_pythonpath(self.s)
         if self.data_missing:
-            print(f"# [data] {len(self.data_missing)} of {self.data_files} files missing in DATA_DIR={s['DATA_DIR']}: "
-                  "write them", flush=True)
+            print(f"# [data] {len(self.data_missing)} of the {self.data_files} data files the job reads are missing: "
+                  f"write DATA_DIR={s['DATA_DIR']}", flush=True)
             if not self._show_and_run(["env", f"PYTHONPATH={s['REPO_ROOT']}", s["PYTHON"], "-m", DATA_MODULE,
                                        "--out", s["DATA_DIR"], *s["DATA_ARGS"].split()]):
                 raise PrepareFailed(f"[data] python -m {DATA_MODULE} failed (it needs the Hugging Face hub, or "
                                     "DATA_ARGS='--source NAME=PATH ...')")
         else:
-            print(f"# [data] skip: DATA_DIR={s['DATA_DIR']} has every file", flush=True)
+            print(f"# [data] skip: every data file the job reads exists (DATA_DIR={s['DATA_DIR']})", flush=True)
 
         if self.torch_dist == "missing":
             print(f"# [torch_dist] convert MODEL_DIR={s['MODEL_DIR']} to TORCH_DIST_DIR={s['TORCH_DIST_DIR']}",
@@ -131,6 +142,5 @@ class Preparation:
 
 
 def _verify_torch_dist(directory: str) -> str:
-    return "" if Path(directory, "latest_checkpointed_iteration.txt").is_file() else \
-        f"{directory} has no latest_checkpointed_iteration.txt"
+    return "" if is_megatron_checkpoint(directory) else f"{directory} has no {TRACKER}"
 

@@ -22,16 +22,11 @@ from ..controllers import ControllerSet
 from ..errors import ConfigError, StateError
 from ..formatting import brief
 from ..state import StateStore
+from .names import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK, TRACKER
 
 log = logging.getLogger("mismatch_ctrl")
 
-HOOKS = "mismatch_ctrl.slime.hooks"
-ADVANTAGE_HOOK = f"{HOOKS}.advantages"
-TIS_HOOK = f"{HOOKS}.rollout_correction"
-LR_HOOK = f"{HOOKS}.before_train_step"
-INIT_HOOK = f"{HOOKS}.on_megatron_init"
 GRPO_ESTIMATORS = ("grpo", "gspo", "cispo")
-TRACKER = "latest_checkpointed_iteration.txt"
 _ATTR = "_mismatch_ctrl_runtime"
 
 

@@ -257,3 +257,41 @@ def test_format_command_round_trips_through_the_shell() -> None:
     words = ["ray", "job", "submit", "--runtime-env-json", '{"a":"b c"}', "--", "python3", "it's", "--x", "[1]*48"]
     assert shlex.split(format_command(words).replace("\\\n", " ")) == words
     assert format_command(["a", "--b"]) == "a --b"
+
+
+def test_every_layout_rule_rejects_with_its_numbers() -> None:
+    """One failing case per rule not covered above (the rules restated in layout.py's docstring)."""
+    model = megatron("qwen3_30b_a3b")
+    assert any(line.startswith("TP x PP x CP = 2 x 1 x 3 = 6 must divide the GPUs")
+               for line in trainer_problems(profile_layout("qwen3_30b_a3b", cp=3), model))
+    assert any("PP = 5 must divide the layers of the model = 48" in line
+               for line in trainer_problems(profile_layout("qwen3_30b_a3b", pp=5, tp=1, ep=1, num_nodes=5), model))
+    dense = MegatronModel(("--num-attention-heads", "32", "--num-layers", "4"))
+    assert any("the model is dense (no --num-experts): EP and ETP must be 1 (got EP=2 ETP=1)" in line
+               for line in trainer_problems(Layout(ep=2), dense))
+    # A multi-node engine must span whole nodes: 12 GPUs over nodes of 8.
+    assert any("GPUS_PER_NODE = 8 must divide ROLLOUT_GPUS_PER_ENGINE (multi-node engines use whole nodes) = 12"
+               in line for line in engine_problems(Layout(num_nodes=3, rollout_gpus_per_engine=12, rollout_ep=4),
+                                                   SHAPE_30B, "s"))
+    # FusedMoE: moe_intermediate_size must split evenly over moe_tp, block or not.
+    odd = replace(SHAPE_30B, moe_intermediate_size=770, weight_block_size=None)
+    assert any("moe_intermediate_size 770 is not divisible by moe_tp = 4 / 1 = 4" in line
+               for line in engine_problems(Layout(rollout_gpus_per_engine=4, rollout_ep=1), odd, "s"))
+    # Dense MLP: intermediate_size must split evenly over the engine TP.
+    uneven = replace(SHAPE_8B, intermediate_size=12290, weight_block_size=None)
+    assert any("intermediate_size 12290 is not divisible by the engine TP = 4" in line
+               for line in engine_problems(Layout(tp=2, rollout_gpus_per_engine=4), uneven, "s"))
+    # o_proj's input shard (the q shard's width) against block_k: heads 32 x head_dim 128 / TP 8 = 512 columns.
+    wide_k = replace(SHAPE_8B, weight_block_size=(128, 384))
+    assert any("the o_proj input shard of an engine of TP 8 is 512 columns, not a multiple of the FP8 weight block "
+               "384" in line for line in engine_problems(Layout(tp=2, rollout_gpus_per_engine=8), wide_k, "s"))
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"mlp_only_layers": 5}, "mlp_only_layers = 5; expected a list of layer indices"),
+    ({"num_attention_heads": 0}, "num_attention_heads = 0; expected an integer >= 1"),
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step = 0; expected an integer >= 1"),
+])
+def test_a_malformed_config_is_a_config_error_not_a_traceback(change, needle) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        ModelShape.from_hf_config({**HF_CONFIGS["qwen3_30b_a3b"], **change}, "c")
