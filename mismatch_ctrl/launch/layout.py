@@ -6,17 +6,18 @@ the FP8 checkpoint's shape (what SGLang loads), or the profile's recorded shape 
 
 Trainer (Megatron):
 
-- world size divisible by TP x PP x CP (``megatron/training/arguments.py::validate_args``, "world size is not
-  divisible by total_model_size"); GLOBAL_BATCH_SIZE divisible by the data-parallel size x micro batch 1
-  (``megatron/core/num_microbatches_calculator.py``, "global batch size is not divisible by micro batch size times
-  data parallel size");
-- MoE: world size divisible by EP x ETP x PP (``megatron/core/parallel_state.py::initialize_model_parallel``,
-  "world_size is not divisible by expert_tensor_model_pipeline_parallel size") and num_experts by EP
-  (``validate_args``, "Number of experts should be a multiple of expert model parallel_size"); dense: EP = ETP = 1
-  ("num_experts must be non None to use expert model parallelism");
+- world size divisible by TP x PP x CP (``megatron/training/arguments.py:318``, ``validate_args``: "world size is
+  not divisible by total_model_size"); GLOBAL_BATCH_SIZE divisible by the data-parallel size x micro batch 1
+  (``megatron/core/num_microbatches_calculator.py:341``, "global batch size is not divisible by micro batch size
+  times data parallel size");
+- MoE: world size divisible by EP x ETP x PP (``megatron/core/parallel_state.py:796``,
+  ``initialize_model_parallel``: "world_size is not divisible by expert_tensor_model_pipeline_parallel size") and
+  num_experts by EP (``arguments.py:1026-1027``, "Number of experts should be a multiple of expert model
+  parallel_size"); dense: EP = ETP = 1 (``arguments.py:1025``, "num_experts must be non None to use expert model
+  parallelism");
 - heads divisible by TP, query groups a multiple or a divisor of TP
-  (``megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__``); layers divisible by PP
-  (``validate_args``);
+  (``megatron/core/transformer/transformer_config.py:939-941`` and ``:951-959``, ``__post_init__``); layers
+  divisible by PP (``arguments.py:543`` / ``:570``);
 - whole optimizer steps per rollout (slime trains ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT samples per rollout in
   steps of GLOBAL_BATCH_SIZE).
 
@@ -27,6 +28,7 @@ Rollout engines (SGLang, engine TP = ROLLOUT_GPUS_PER_ENGINE, EP = ROLLOUT_EP:
   ``nnodes = max(1, gpus_per_engine // num_gpus_per_node)``);
 - attention heads divisible by TP, KV heads a multiple or a divisor of TP
   (``python/sglang/srt/models/qwen3_moe.py::Qwen3MoeAttention``, ``qwen3.py::Qwen3Attention``);
+- dense MLP: intermediate_size divisible by TP (``MergedColumnParallelLinear`` shards gate and up evenly);
 - FP8 block-quantised linear layers: every merged output shard (q, k, v; gate, up) a multiple of ``block_n`` and,
   with TP > 1, every row-parallel input shard (o_proj, down_proj) a multiple of ``block_k``
   (``python/sglang/srt/layers/quantization/fp8.py::Fp8LinearMethod.validate_block_quant_shapes``);
