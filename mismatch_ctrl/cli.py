@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="rollout engine quantisation for runs without @QUANT: e4m3 (weights, activations and LM "
                           f"head), e4m3-w (weights only), e5m2, bf16, none (default: {d['quant']})")
     lab.add_argument("--policy", type=options.policy_kind,
-                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256); both ~105k "
+                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256); 105,664 / 103,744 "
                           f"parameters (default: {d['policy']})")
     lab.add_argument("--task", choices=("add", "reverse"),
                      help="add (reversed addition, ~5-token answers) or reverse (long answers, 32-64 tokens: the "
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
     lab.set_defaults(run=_lab)
 
-    from .analyze.analysis import eps_option, number_option, positive_int_option
+    from .analyze.analysis import eps_option, number_option
 
     analyze = sub.add_parser(
         "analyze", help="calibrate eps and preview every controller on a slime run's --dump-details dumps",
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--eps", type=eps_option, help="DC-GRPO budget for the replay: a number in (0, 1) or 'auto'")
     analyze.add_argument("--lambda-0", type=number_option(0.0), help="initial DC-GRPO multiplier for the replay (>= 0)")
     analyze.add_argument("--eta", type=number_option(0.0, strict=True), help="dual step size for the replay (> 0)")
-    analyze.add_argument("--max-response-len", type=positive_int_option,
+    analyze.add_argument("--max-response-len", type=options.positive_int,
                          help="slime's --rollout-max-response-len: truncation rate (when the dump does not record "
                               "truncation) and the surge detector's cap (default: the longest truncated response)")
     analyze.add_argument("--reward-key", help="slime's --reward-key: the entry of dict rewards to report (rollout "

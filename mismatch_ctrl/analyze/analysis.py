@@ -74,17 +74,6 @@ def number_option(minimum: float, strict: bool = False) -> Callable[[str], float
     return parse
 
 
-def positive_int_option(text: str) -> int:
-    """An option type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {brief(text)}")
-    return value
-
-
 def _float(text: str) -> float:
     try:
         return float(text)

@@ -14,32 +14,42 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..batch import TokenBatch
+from ..metrics import METRIC_COLUMNS, SeqMetrics, mismatch_metrics
+from ..seqstats import SeqStats
+from ..signals import token_signal
 from .engine import Rollout, RolloutEngine
 from .policy import TinyPolicy
 from .routing import routing_metrics
 from .task import Task
 
 
+def _metrics(lp_train: Tensor, lp_rollout: Tensor, mask: Tensor) -> tuple[TokenBatch, SeqMetrics]:
+    """The padded ``[N, R]`` log-probs as the core's batch, and its section-6 metrics (summarised)."""
+    batch = TokenBatch.from_padded(lp_train, lp_rollout, mask.float())
+    metrics = mismatch_metrics(SeqStats.build(batch, METRIC_COLUMNS))
+    metrics.summarize()
+    return batch, metrics
+
+
 def c_bar(lp_train: Tensor, lp_rollout: Tensor, mask: Tensor) -> float:
-    """``C_bar``: mean over sequences of the per-sequence token mean of ``|p_train - p_rollout|`` (sequences without
-    response tokens count 0), the discrepancy the DC-GRPO dual update uses (ALGORITHMS.md section 1)."""
-    diff = (lp_train.exp() - lp_rollout.exp()).abs() * mask
-    return float((diff.sum(dim=1) / mask.sum(dim=1).clamp_min(1)).mean())
+    """``C_bar`` as the DC-GRPO dual update reads it (the core's ``prob_diff_mean``: per-sequence token mean of
+    ``|p_train - p_rollout|``, averaged over sequences, one without response tokens counting 0)."""
+    return _metrics(lp_train, lp_rollout, mask)[1].summary["prob_diff_mean"]
 
 
 def mismatch_stats(lp_train: Tensor, lp_rollout: Tensor, mask: Tensor) -> dict[str, float]:
-    """``C_bar``, the token mean, 99th percentile and maximum of ``|log p_train - log p_rollout|``, and the 99th
-    percentile over sequences of the absolute geometric-mean log-ratio (what a Geo-RS band tests)."""
-    mask = mask.bool()
-    log_ratio = (lp_train - lp_rollout).clamp(-20, 20) * mask
-    abs_tokens = log_ratio.abs()[mask]
-    per_sequence = log_ratio.sum(dim=1) / mask.sum(dim=1).clamp_min(1)
+    """``C_bar``, the token mean, 99th percentile and maximum of ``|log p_train - log p_rollout|`` (clamped as the
+    core clamps it), and the 99th percentile over sequences of the absolute geometric-mean log-ratio (what a Geo-RS
+    band tests: ``|log_ppl_diff|`` per sequence)."""
+    batch, metrics = _metrics(lp_train, lp_rollout, mask)
+    abs_tokens = token_signal(batch, "log_diff")[batch.mask > 0]
     return {
-        "c_bar": c_bar(lp_train, lp_rollout, mask.float()),
+        "c_bar": metrics.summary["prob_diff_mean"],
         "log_ratio_abs_mean": float(abs_tokens.mean()),
         "log_ratio_abs_p99": float(torch.quantile(abs_tokens, 0.99)),
         "log_ratio_abs_max": float(abs_tokens.max()),
-        "geo_log_ratio_abs_p99": float(torch.quantile(per_sequence.abs(), 0.99)),
+        "geo_log_ratio_abs_p99": float(torch.quantile(metrics.mean["log_ppl_abs_diff"], 0.99)),
     }
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..formatting import clip
+from ..formatting import brief, clip
 from .policy import POLICY_KINDS
 from .quant import QUANT_MODES
 
@@ -36,13 +36,13 @@ engine, 5 seeds (~2 s per rollout: about 45 minutes on 2 cores, warm-ups include
 
 
 def positive_int(text: str) -> int:
-    """An integer >= 1."""
+    """An option type (``lab``, ``analyze``, the lab benchmark): an integer >= 1."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {brief(text)}")
     return value
 
 

@@ -27,13 +27,13 @@ POLICY_KINDS: dict[str, dict[str, int]] = {
     "dense": {"d_ff": 256},
     "moe": {"d_ff": 32, "n_experts": 8, "top_k": 2},
 }
-"""MLP shape of each policy kind. Both have ~104k parameters on ``add`` (the MoE's 8 experts of width 32 hold as many
-weights as the dense MLP of width 256; each token uses 2 of them)."""
+"""MLP shape of each policy kind. On ``add`` the MoE has 105,664 parameters and the dense 103,744 (the MoE's 8 experts
+of width 32 hold as many weights as the dense MLP of width 256; each token uses 2 of them)."""
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Shape of the policy. The defaults (width 64, 2 layers, 4 heads, MLP 256) give ~104k parameters on ``add``.
+    """Shape of the policy. The defaults (width 64, 2 layers, 4 heads, MLP 256) give 103,744 parameters on ``add``.
 
     ``n_experts`` = 0: dense MLP of width ``d_ff``; ``n_experts`` > 0: that many experts of width ``d_ff`` each, of
     which every token uses ``top_k``.
@@ -282,11 +282,7 @@ class TinyPolicy(nn.Module):
     def forward(self, tokens: Tensor, cache: KVCache | None = None) -> Tensor:
         """Logits [n, T, V] for tokens [n, T]. With a cache the tokens continue its ``length`` positions and are
         appended to it (prefill: pass the whole prompt to an empty cache; decode: one token per call)."""
-        return self.lm_head(self.hidden_states(tokens, cache))
-
-    def hidden_states(self, tokens: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Final-norm hidden states [n, T, d_model] (``forward`` without the LM head; same cache contract)."""
-        return self.run(tokens, cache).hidden
+        return self.lm_head(self.run(tokens, cache).hidden)
 
     def run(self, tokens: Tensor, cache: KVCache | None = None, replay: Tensor | None = None) -> Forward:
         """The forward pass up to the final norm, with the MoE routing (same cache contract as ``forward``).

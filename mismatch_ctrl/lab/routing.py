@@ -37,8 +37,8 @@ def routing_metrics(trainer: Tensor, engine: Tensor, prompt_len: int, response_m
     tokens = mask.sum().clamp_min(1)
     token_flipped = response.any(dim=-1)
     out: dict[str, float | None] = {"routing_flip_fraction": float((token_flipped & mask).sum() / tokens)}
-    for layer in range(flips.shape[-1]):
-        out[f"routing_flip_fraction_layer{layer}"] = float((response[..., layer] & mask).sum() / tokens)
+    per_layer = (response & mask[..., None]).sum(dim=(0, 1)) / tokens
+    out.update({f"routing_flip_fraction_layer{layer}": float(v) for layer, v in enumerate(per_layer)})
     prompt = flips[:, : prompt_len - 1].any(dim=-1)
     out["routing_flip_fraction_prompt"] = float(prompt.float().mean()) if prompt.numel() else 0.0
     for name, selected in (("discrepancy_flipped", token_flipped & mask), ("discrepancy_unflipped",
