@@ -324,9 +324,9 @@ def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]
     last = records[-1]
     evals.append({"step": len(records), "eval_acc_engine": last["final_eval_acc_engine"],
                   "eval_acc_fp32": last["final_eval_acc_fp32"]})
-    late_evals = [r for r in evals if r["step"] >= len(records) - len(records) // 4]
-    discrepancy = [r["discrepancy"] for r in records if "discrepancy" in r]
     quarter = max(1, len(records) // 4)
+    late_evals = [r for r in evals if r["step"] >= len(records) - quarter]
+    discrepancy = [r["discrepancy"] for r in records if "discrepancy" in r]
     rewards = [r["reward"] for r in records]
 
     def mean_of(key: str, rows: list[dict[str, Any]] = records) -> float | None:
