@@ -31,12 +31,18 @@ def _lab(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .lab.methods import RunSpec
-    from .lab.options import resolve
+    from .lab.options import LAB_DEFAULTS, resolve
     from .lab.policy import POLICY_KINDS
     from .lab.run import rewrite_report, run_lab
     from .lab.trainer import LabSettings
 
     if ns.report_only:
+        training = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS)
+                    if getattr(ns, name, None) is not None] + (["--dump-details"] if ns.dump_details else [])
+        if training:
+            print(f"mismatch-ctrl lab: --report-only trains nothing, so {', '.join(training)} would be ignored; drop "
+                  "them (the report is rewritten from OUT's runs as they were trained)", file=sys.stderr)
+            return 2
         try:
             result = rewrite_report(Path(ns.out), "mismatch-ctrl lab " + " ".join(sys.argv[2:]))
         except ValueError as exc:
@@ -139,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=_check_config)
 
     from .lab import options
+    from .lab.warmup import WARMUP_PRESETS
     from .lab.run import default_jobs
 
     d = options.LAB_DEFAULTS
@@ -148,19 +155,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "train it with GRPO from rollouts of an FP8-quantised copy, once per method and seed, calling "
                     "mismatch_ctrl's slime hooks as slime does. Writes OUT/report.md, OUT/summary.json, "
                     "OUT/plots/*.png and OUT/<run>/seed<k>/metrics.jsonl.")
+    presets = "; ".join(f"{name}: " + (", ".join(f"{k} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
+                                                 for k, v in values.items()) or "the defaults")
+                        for name, values in sorted(options.LAB_PRESETS.items()))
     lab.add_argument("--preset", choices=sorted(options.LAB_PRESETS),
-                     help="named settings (see the README); explicit flags override them")
+                     help=f"named settings, explicit flags override them ({presets})")
     lab.add_argument("--methods", help="comma list of runs METHOD[@QUANT][+r3]; METHOD is a configs/methods file or a "
                                        "lab variant (dcgrpo_tight_noguard, dcgrpo_tight_guard, dcgrpo_centered, "
-                                       "geo_rs_e4m3, geo_rs_e5m2); +r3: rollout routing replay (default: "
-                                       f"{d['methods']})")
+                                       "geo_rs_e4m3, geo_rs_e5m2); +r3: rollout routing replay (needs --policy moe) "
+                                       f"(default: {d['methods']})")
     lab.add_argument("--quant", type=options.quant_mode,
                      help="rollout engine quantisation for runs without @QUANT: e4m3 (weights, activations and LM "
                           f"head), e4m3-w (weights only), e5m2, bf16, none (default: {d['quant']})")
     lab.add_argument("--policy", type=options.policy_kind,
                      help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256); 105,664 / 103,744 "
                           f"parameters (default: {d['policy']})")
-    lab.add_argument("--task", choices=("add", "reverse"),
+    lab.add_argument("--task", choices=sorted(WARMUP_PRESETS),
                      help="add (reversed addition, ~5-token answers) or reverse (long answers, 32-64 tokens: the "
                           f"stress task) (default: {d['task']})")
     lab.add_argument("--steps", type=options.positive_int,
@@ -168,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--lr", type=options.learning_rate, help=f"Adam learning rate (default: {d['lr']})")
     lab.add_argument("--seeds", type=options.seed_list,
                      help="comma list of seeds; each seeds a warm-up and one run of every method, and the report "
-                          "gives mean and 95%% interval over them (default: 0)")
+                          f"gives mean and 95%% interval over them (default: {','.join(map(str, d['seeds']))})")
     lab.add_argument("--prompts", type=options.positive_int, help=f"prompts per rollout (default: {d['prompts']})")
     lab.add_argument("--samples", type=options.group_size, help=f"samples per prompt (default: {d['samples']})")
     lab.add_argument("--eval-every", type=options.positive_int,

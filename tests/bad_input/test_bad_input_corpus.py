@@ -343,6 +343,9 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "[works] analyze a missing directory": cli(lambda t: ["analyze", str(t / "missing")], "not a directory"),
     "analyze --out -": cli(lambda t: ["analyze", str(run_dir(t)), "--out", "-"], "--out -", "only for --json"),
     "lab --seeds 2**64": cli(lambda t: ["lab", "--seeds", str(2**64)], "--seeds", "from 0 to 4294967295"),
+    "lab --report-only with training flags": cli(lambda t: ["lab", "--report-only", "--out", str(t), "--seeds", "0,1",
+                                                            "--lr", "1e-3"],
+                                                 "--report-only trains nothing, so --lr, --seeds would be ignored"),
     "[works] check-config unknown key": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  nam: a\n"))],
                                             "did you mean 'name'"),
 }
