@@ -73,7 +73,7 @@ class SeqMetrics:
     reduction (:meth:`add_to` / :meth:`read`, or :meth:`summarize`) ``summary`` holds the batch values, plus
     ``sequences``, ``valid_sequences`` (those with trained tokens) and any batch-only value a consumer adds (e.g. the
     correction's diagnostics).
-    ``mean`` / ``max`` / ``min`` / ``total`` give the per-sequence values by name (``[N]`` tensors)."""
+    :meth:`per_sequence` gives the per-sequence values by name."""
 
     def __init__(self, stats: SeqStats, label: str) -> None:
         self.stats = stats
@@ -98,25 +98,10 @@ class SeqMetrics:
         return np.concatenate([values for _, values in self.blocks[kind]] or [np.zeros((self.stats.num_seqs, 0))],
                               axis=1)
 
-    def _dict(self, kind: str) -> dict[str, torch.Tensor]:
+    def per_sequence(self, kind: str) -> dict[str, torch.Tensor]:
+        """The per-sequence values (``[N]`` tensors) of the ``kind`` metrics (one of :data:`KINDS`), by name."""
         return {name: torch.from_numpy(values[:, k]) for names, values in self.blocks[kind]
                 for k, name in enumerate(names)}
-
-    @property
-    def mean(self) -> dict[str, torch.Tensor]:
-        return self._dict("mean")
-
-    @property
-    def max(self) -> dict[str, torch.Tensor]:
-        return self._dict("max")
-
-    @property
-    def min(self) -> dict[str, torch.Tensor]:
-        return self._dict("min")
-
-    @property
-    def total(self) -> dict[str, torch.Tensor]:
-        return self._dict("total")
 
     def add_to(self, totals: BatchTotals) -> None:
         """The counts of sequences and of valid ones, the sums of the mean metrics (0 for a sequence without trained

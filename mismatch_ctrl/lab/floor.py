@@ -49,7 +49,7 @@ def mismatch_stats(lp_train: Tensor, lp_rollout: Tensor, mask: Tensor) -> dict[s
         "log_ratio_abs_mean": float(abs_tokens.mean()),
         "log_ratio_abs_p99": float(torch.quantile(abs_tokens, 0.99)),
         "log_ratio_abs_max": float(abs_tokens.max()),
-        "geo_log_ratio_abs_p99": float(torch.quantile(metrics.mean["log_ppl_abs_diff"], 0.99)),
+        "geo_log_ratio_abs_p99": float(torch.quantile(metrics.per_sequence("mean")["log_ppl_abs_diff"], 0.99)),
     }
 
 

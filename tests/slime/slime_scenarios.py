@@ -216,12 +216,12 @@ def correction_reference(case: str, dp_size: int) -> dict[str, Any]:
                                    [batch.loss_masks[g] for g in samples], runtime.config.nonfinite)
         metrics = mismatch_metrics(SeqStats.build(tb, METRIC_COLUMNS))
         summary = dict(metrics.summarize())
-        per_sample = {k: v.tolist() for k, v in metrics.mean.items()}
+        per_sample = {k: v.tolist() for k, v in metrics.per_sequence("mean").items()}
         weights = keep = tb.mask
         if spec.active:
             correction = apply_correction(spec, tb)
             summary.update(correction.metrics.summary)
-            per_sample.update({k: v.tolist() for k, v in correction.metrics.mean.items()})
+            per_sample.update({k: v.tolist() for k, v in correction.metrics.per_sequence("mean").items()})
             weights, keep = correction.weights, correction.mask
         totals = {"trained_tokens", "nonfinite_tokens", "rejected_tokens", "sequences", "valid_sequences"}
         return {"samples": samples, "weights": dict(zip(samples, tb.segments.split(weights))),

@@ -51,7 +51,7 @@ def check_against_reference(spec: CorrectionSpec, raw) -> None:
     weights, keep, rows = ref.correction(spec, seqs)
     assert torch.equal(result.mask.double(), flat(keep))
     torch.testing.assert_close(result.weights.double(), flat(weights), rtol=1e-4, atol=1e-6)
-    got = {**result.metrics.mean, **result.metrics.total}
+    got = {**result.metrics.per_sequence("mean"), **result.metrics.per_sequence("total")}
     assert set(got) == (set(rows[0]) if rows else set(got))
     for name, values in got.items():
         expected = torch.tensor([row[name] for row in rows], dtype=torch.float64)
@@ -117,8 +117,8 @@ def test_veto_rejects_the_whole_sequence():
     batch = TokenBatch.from_lists(train, rollout, [torch.ones(3), torch.ones(2)])
     result = apply_correction(CorrectionSpec(veto=1e-4), batch)
     assert result.mask.tolist() == [0, 0, 0, 1, 1]
-    assert result.metrics.mean["veto_seq_fraction"].tolist() == [1.0, 0.0]
-    assert result.metrics.mean["catastrophic_token_fraction"].tolist() == pytest.approx([1 / 3, 0.0])
+    assert result.metrics.per_sequence("mean")["veto_seq_fraction"].tolist() == [1.0, 0.0]
+    assert result.metrics.per_sequence("mean")["catastrophic_token_fraction"].tolist() == pytest.approx([1 / 3, 0.0])
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -215,7 +215,7 @@ def test_rejections_are_attributed_to_their_stage():
     train = [torch.tensor(x) - 13.0 for x in l]
     rollout = [torch.full((len(x),), -13.0) for x in l]
     result = apply_correction(spec, TokenBatch.from_lists(train, rollout, [torch.ones(len(x)) for x in l]))
-    mean = {k: v.tolist() for k, v in result.metrics.mean.items()}
+    mean = {k: v.tolist() for k, v in result.metrics.per_sequence("mean").items()}
     assert mean["veto_seq_fraction"] == [1.0, 0.0, 0.0, 0.0]
     assert mean["rs_rejected_seq_fraction"] == [0.0, 1.0, 0.0, 0.0]
     assert mean["rs_rejected_token_fraction"] == [0.0, 1.0, 0.0, 0.0]

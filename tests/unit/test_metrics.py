@@ -7,7 +7,7 @@ from hypothesis import given, settings
 import reference as ref
 from measure import metrics as mismatch_metrics
 from mismatch_ctrl.batch import TokenBatch
-from mismatch_ctrl.metrics import SeqMetrics, broadcast_means, token_shaped
+from mismatch_ctrl.metrics import KINDS, SeqMetrics, broadcast_means, token_shaped
 
 from .inputs import random_batch, raw_batches
 
@@ -17,7 +17,7 @@ NAMES = {"training_log_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_dif
 
 
 def per_sequence(metrics: SeqMetrics) -> dict[str, torch.Tensor]:
-    return {**metrics.mean, **metrics.max, **metrics.min, **metrics.total}
+    return {name: values for kind in KINDS for name, values in metrics.per_sequence(kind).items()}
 
 
 @settings(max_examples=40, deadline=None)

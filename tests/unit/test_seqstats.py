@@ -161,7 +161,7 @@ def test_metrics_without_token_rows_are_broadcast():
     assert {name for name, _ in broadcast} == set(metrics.names("mean"))
     tokens = batch.segments.expand(metrics.stats.to_device([v for _, v in broadcast], torch.float32)).unbind(0)
     shaped = token_shaped([metrics], torch.float32, dict(zip((name for name, _ in broadcast), tokens)))
-    for name, values in metrics.mean.items():
+    for name, values in metrics.per_sequence("mean").items():
         means = [float((x * m).sum() / m.sum().clamp_min(1)) for x, m in zip(batch.segments.split(shaped[name]),
                                                                             batch.segments.split(batch.mask))]
         np.testing.assert_allclose(means, values.numpy() * metrics.stats.valid, rtol=1e-5,

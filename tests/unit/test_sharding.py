@@ -84,12 +84,12 @@ def test_context_parallel_pieces_match_the_unsharded_batch(raw, parts, seed, zig
 
     for p, (piece, out) in enumerate(run_ranks(parts, participant, [group])):
         for kind in ("mean", "max", "min", "total"):
-            for name, values in getattr(full["metrics"], kind).items():
-                close(getattr(out["metrics"], kind)[name], values)
+            for name, values in full["metrics"].per_sequence(kind).items():
+                close(out["metrics"].per_sequence(kind)[name], values)
         assert_summaries_equal(out["summary"], full["summary"])
         corr = out["correction"]
-        for name, values in full["correction"].metrics.mean.items():
-            close(corr.metrics.mean[name], values)
+        for name, values in full["correction"].metrics.per_sequence("mean").items():
+            close(corr.metrics.per_sequence("mean")[name], values)
         assert_summaries_equal(corr.metrics.summary, full["correction"].metrics.summary)
         pieces = [ix for ix in indices[p]]
         assert torch.equal(corr.mask, torch.cat([m[ix] for m, ix in zip(full_mask, pieces)]))
@@ -121,8 +121,8 @@ def test_data_parallel_shards_match_the_unsharded_batch(raw, ranks, seed, spec, 
     for r, out in enumerate(run_ranks(ranks, participant, [group])):
         rows = torch.tensor(shards[r], dtype=torch.long)
         for kind in ("mean", "max", "min", "total"):
-            for name, values in getattr(full["metrics"], kind).items():
-                close(getattr(out["metrics"], kind)[name], values[rows])
+            for name, values in full["metrics"].per_sequence(kind).items():
+                close(out["metrics"].per_sequence(kind)[name], values[rows])
         assert_summaries_equal(out["summary"], full["summary"])
         assert_summaries_equal(out["correction"].metrics.summary, full["correction"].metrics.summary)
         expected_weights = torch.cat([full_weights[i] for i in shards[r]]) if shards[r] else torch.zeros(0)
