@@ -253,6 +253,10 @@ def _describe(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
+YAML_SWITCHES = {False: "off", True: "on"}
+"""What a setting whose values include ``off`` (``eps_guard``, ``drift_guard``) reads from YAML's bare ``off``."""
+
+
 class _NonFiniteNumber(ConfigError):
     """A number that is NaN or infinite: reported as such, not as a type mismatch of a union's other options."""
 
@@ -274,6 +278,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             except ConfigError:
                 continue
     elif origin is Literal:
+        if isinstance(value, bool) and YAML_SWITCHES[value] in args:  # YAML 1.1 reads a bare off / on as a boolean
+            return YAML_SWITCHES[value]
         if value in args:
             return value
     elif tp is bool:

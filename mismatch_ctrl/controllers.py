@@ -96,8 +96,10 @@ class ControllerSet:
         ``batch``).
 
         Metrics: ``mean_response_length``; the section-6 mismatch metrics and ``discrepancy`` (``C_bar``) whenever
-        ``batch`` is given; with DC-GRPO ``lambda`` (the multiplier that shaped this rollout), ``lambda_next``,
-        ``eps`` (absent while ``eps: auto`` calibrates), ``violation``, ``eps_floor``, ``penalty_abs_mean``,
+        ``batch`` is given; with DC-GRPO ``lambda`` (the dual multiplier of this rollout), ``lambda_next``,
+        ``eps`` (absent while ``eps: auto`` calibrates), ``violation``, ``eps_floor``, ``lambda_shaping`` (after
+        ``penalty_cap``), ``penalty_capped``, ``lambda_at_max`` (``lambda_next`` is ``lambda_max``),
+        ``drift_guard_lifted`` (1 on a rollout whose update lifted eps), ``drift_guard_lifts``, ``penalty_abs_mean``,
         ``penalty_share``; the LR scale and surge detector; the ACRL band.
         """
         if batch is None and self.config.needs_train_log_probs:
@@ -119,11 +121,14 @@ class ControllerSet:
         if metrics is not None:
             out.update(metrics.summary, discrepancy=shaped.discrepancy)
         if ctrl is not None:
-            calibrating = ctrl.calibrating
+            calibrating, lifts = ctrl.calibrating, ctrl.lifts
             ctrl.update(shaped.discrepancy)
             violation = None if eps is None or shaped.discrepancy is None else shaped.discrepancy - eps
             out.update({"lambda": lam}, lambda_next=ctrl.lam, eps=eps, eps_floor=ctrl.floor,
                        eps_calibrating=float(calibrating), violation=violation,
+                       lambda_shaping=shaped.lambda_shaping, penalty_capped=float(shaped.capped),
+                       lambda_at_max=float(ctrl.lam >= self.config.dcgrpo.lambda_max),
+                       drift_guard_lifted=float(ctrl.lifts > lifts), drift_guard_lifts=ctrl.lifts,
                        penalty_abs_mean=shaped.penalty_abs_mean, penalty_share=shaped.penalty_share)
         surge = self.surge
         surge.update(rollout_id, lengths.mean, max_response_length)

@@ -22,6 +22,18 @@ mean (``token_mean``). A batch without any trained token has no ``C_bar``: the d
 ``eps: auto`` [ours]: the first K rollouts run with ``lambda = 0``; then ``eps = 1.1 median(C_bar)`` and
 ``lambda = lambda_0``. Infeasible-budget guard [ours]: ``floor`` = median ``C_bar`` of the first 3 rollouts (the
 calibration window with ``eps: auto``); if ``eps < floor``, warn and, with ``eps_guard: clamp``, use ``1.1 floor``.
+
+Safeties for a floor that drifts [ours; issue 17, ALGORITHMS.md section 2]. The paper's method is
+``drift_guard: off``, ``penalty_cap: none``, ``zero_advantage: penalise`` (``configs/methods/dcgrpo_paper.yaml``).
+
+- ``drift_guard: lift``: when lambda has been at ``lambda_max`` for ``drift_window`` = W consecutive dual updates and
+  the violation did not halve (median ``C_bar - eps`` of the last ``W // 2`` of them above half the median of the
+  first ``W // 2``), the budget is infeasible for the policy as it is now: ``eps <- max(eps, 1.1 median C_bar)`` over
+  those W rollouts and ``lambda <- lambda_0``; the lift is logged and counted (``guard_lifts``).
+- ``penalty_cap: kappa``: the multiplier that shapes a rollout is ``min(lambda, kappa mean|A| / mean|c~|)`` over the
+  trained tokens of the global batch (``c~`` the penalty per unit lambda), so ``mean|penalty| <= kappa mean|A|``.
+- ``zero_advantage: skip``: sequences whose baseline advantage is exactly 0 (GRPO groups whose rewards are all equal)
+  are not penalised: the penalty is then never the only signal of an update.
 """
 
 from __future__ import annotations
@@ -44,6 +56,9 @@ log = logging.getLogger(__name__)
 
 PenaltyForm = Literal["lagrangian", "centered", "hinge", "fixed"]
 Aggregation = Literal["seq_mean", "token_mean"]
+DriftGuard = Literal["lift", "off"]
+ZeroAdvantage = Literal["penalise", "skip"]
+NO_CAP = "none"
 PENALTY_FORMS: tuple[str, ...] = get_args(PenaltyForm)
 EPS_MAX = 1.0
 """Upper bound (exclusive) of a numeric ``eps`` for every signal [ours]: ``prob_diff`` never exceeds 1, and a mean
@@ -68,6 +83,15 @@ class DCGRPOSettings:
     eps_auto_factor: float = 1.1
     eps_guard: Literal["clamp", "off"] = "clamp"
     floor_rollouts: int = 3
+    drift_guard: DriftGuard = "lift"
+    drift_window: int = 10
+    penalty_cap: float | Literal["none"] = 1.0
+    zero_advantage: ZeroAdvantage = "skip"
+
+    @property
+    def cap(self) -> float | None:
+        """``penalty_cap`` as a number, None without a cap."""
+        return None if self.penalty_cap == NO_CAP else float(self.penalty_cap)
 
     def problems(self) -> list[tuple[str, str]]:
         """(key, message) pairs for every invalid value; the config loader raises on the first."""
@@ -90,6 +114,12 @@ class DCGRPOSettings:
             out.append(("floor_rollouts", f"must be >= 1, got {self.floor_rollouts}"))
         if not self.eps_auto_factor > 0:
             out.append(("eps_auto_factor", f"must be > 0, got {self.eps_auto_factor}"))
+        if self.drift_window < 2:
+            out.append(("drift_window", f"must be >= 2 (the guard compares the two halves of the window), got "
+                                        f"{self.drift_window}"))
+        if self.cap is not None and not self.cap > 0:
+            out.append(("penalty_cap", f"must be > 0 (the largest mean|penalty| / mean|A|), or 'none' for no cap "
+                                       f"(the paper), got {self.penalty_cap}"))
         return out
 
 
@@ -112,58 +142,79 @@ def shaping_columns(settings: DCGRPOSettings, eps: float) -> Columns:
 
 
 class ShapedAdvantages:
-    """Shaped token advantages (None when only measuring) and, after the batch reduction (``add_to`` / ``read``;
-    :func:`~mismatch_ctrl.seqstats.reduce_batch`), the rollout's ``discrepancy`` (``C_bar``; None when no sequence
-    of the global batch has a trained token), ``penalty_abs_mean`` and ``penalty_share``, identical on every rank."""
+    """DC-GRPO shaping of one rollout, completed by the batch reduction (``add_to`` / ``read``;
+    :func:`~mismatch_ctrl.seqstats.reduce_batch`). After it, identical on every rank: ``discrepancy`` (``C_bar``;
+    None when no sequence of the global batch has a trained token), ``lambda_shaping`` (the multiplier after
+    ``penalty_cap``), ``capped``, ``penalty_abs_mean``, ``penalty_share``, and this rank's shaped token advantages
+    ``advantages`` (None when only measuring)."""
 
-    def __init__(self, stats: SeqStats, advantages: torch.Tensor | None, seq_advantages: torch.Tensor | None,
-                 settings: DCGRPOSettings, lam: float) -> None:
-        self.stats, self.advantages, self.seq_advantages = stats, advantages, seq_advantages
-        self.settings, self.lam = settings, lam
+    def __init__(self, stats: SeqStats, seq_advantages: torch.Tensor | None, settings: DCGRPOSettings, lam: float,
+                 eps: float) -> None:
+        self.stats, self.seq_advantages, self.settings, self.lam, self.eps = stats, seq_advantages, settings, lam, eps
         self.discrepancy: float | None = None
+        self.lambda_shaping = lam
+        self.capped = False
         self.penalty_abs_mean = self.penalty_share = 0.0
+        self.advantages: torch.Tensor | None = None
+        self._abs_adv = None if seq_advantages is None else np.abs(seq_advantages.detach().cpu().numpy())
+
+    def _skips_zero(self) -> bool:
+        return self.seq_advantages is not None and self.settings.zero_advantage == "skip"
 
     def add_to(self, totals: BatchTotals) -> None:
-        """Per batch: sequences, the sum of ``C_i``, trained tokens, the sum of ``c``, of ``|penalty| / |lambda|``
-        and of ``|A|`` over trained tokens."""
-        stats, form = self.stats, self.settings.penalty_form
-        penalty = {"hinge": "dcgrpo_hinge", "centered": "dcgrpo_centered_abs"}.get(form, self.settings.signal)
-        adv = 0.0 if self.seq_advantages is None else np.abs(self.seq_advantages.detach().cpu().numpy())
-        signal = self.settings.signal
+        """Per batch: sequences, the sum of ``C_i``, trained tokens, the sum of ``c``, of ``|penalty| / lambda`` over
+        penalised sequences and of ``|A|``, over trained tokens."""
+        stats, form, signal = self.stats, self.settings.penalty_form, self.settings.signal
+        penalty = stats.sum({"hinge": "dcgrpo_hinge", "centered": "dcgrpo_centered_abs"}.get(form, signal))
+        adv = 0.0 if self._abs_adv is None else self._abs_adv
+        if self._skips_zero():
+            penalty = penalty * (self._abs_adv != 0)
         totals.add("sum", "dcgrpo", [stats.num_seqs, stats.valid @ stats.mean(signal), stats.counts.sum(),
-                                     stats.sum(signal).sum(), stats.sum(penalty).sum(), (stats.counts * adv).sum()])
+                                     stats.sum(signal).sum(), penalty.sum(), (stats.counts * adv).sum()])
 
     def read(self, reduced: Mapping[str, list[float]]) -> None:
         n_seqs, sum_seq_c, n_tokens, sum_c, sum_penalty, sum_adv = reduced["dcgrpo"]
-        if n_tokens == 0:
+        if n_tokens:
+            self.discrepancy = sum_seq_c / n_seqs if self.settings.aggregation == "seq_mean" else sum_c / n_tokens
+        if self.seq_advantages is None:
             return
-        self.discrepancy = sum_seq_c / n_seqs if self.settings.aggregation == "seq_mean" else sum_c / n_tokens
-        if self.seq_advantages is not None:
-            self.penalty_abs_mean = abs(self.lam) * sum_penalty / n_tokens
-            self.penalty_share = self.penalty_abs_mean / max(sum_adv / n_tokens, 1e-8)
+        unit, adv_mean = (sum_penalty / n_tokens, sum_adv / n_tokens) if n_tokens else (0.0, 0.0)
+        cap = self.settings.cap
+        if cap is not None and self.lam * unit > cap * adv_mean:
+            self.lambda_shaping, self.capped = cap * adv_mean / unit, True
+        self.penalty_abs_mean = self.lambda_shaping * unit
+        self.penalty_share = self.penalty_abs_mean / max(adv_mean, 1e-8)
+        self.advantages = self._shape(self.lambda_shaping)
+
+    def _shape(self, lam: float) -> torch.Tensor:
+        stats, form = self.stats, self.settings.penalty_form
+        c = stats.rows[self.settings.signal]
+        segments = stats.segments
+        shaped = segments.expand(self.seq_advantages.to(c.dtype))
+        penalty = stats.rows["dcgrpo_hinge"] if form == "hinge" else c
+        mask = stats.batch.mask
+        if self._skips_zero():
+            penalised = segments.expand((self.seq_advantages != 0).to(c.dtype))
+            penalty, mask = penalty * penalised, mask * penalised
+        shaped.add_(penalty, alpha=-lam)
+        if form == "centered":
+            shaped.add_(mask, alpha=lam * self.eps)
+        return shaped
 
 
 def shape_advantages(stats: SeqStats, seq_advantages: torch.Tensor | None, settings: DCGRPOSettings, lam: float,
                      eps: float) -> ShapedAdvantages:
     """``A~[i, t] = A_i - penalty(c[i, t])`` for per-sequence advantages ``A_i`` (``[N]``; GRPO's normalised reward),
     flat over tokens, from statistics that include :func:`shaping_columns`; ``seq_advantages=None`` only measures
-    ``C_bar``. The batch values follow the batch reduction (see :class:`ShapedAdvantages`).
+    ``C_bar``. Shaping completes with the batch reduction, which the penalty cap needs (see
+    :class:`ShapedAdvantages`).
 
     The penalty applies to trained tokens only (``m = 1``): untrained positions (tool output, padding) carry no
-    meaningful rollout log-prob (slime stores 0.0 there) and keep ``A_i`` [ours].
+    meaningful rollout log-prob (slime stores 0.0 there) and keep ``A_i`` [ours]; with ``zero_advantage: skip`` not
+    to sequences with ``A_i = 0`` either.
     ``penalty_share = mean|penalty| / max(mean|A|, 1e-8)`` over trained tokens shows a penalty that swamps the task.
     """
-    shaped = None
-    if seq_advantages is not None:
-        c = stats.rows[settings.signal]
-        shaped = stats.segments.expand(seq_advantages.to(c.dtype))
-        if settings.penalty_form == "hinge":
-            shaped.add_(stats.rows["dcgrpo_hinge"], alpha=-lam)
-        else:
-            shaped.add_(c, alpha=-lam)
-            if settings.penalty_form == "centered":
-                shaped.add_(stats.batch.mask, alpha=lam * eps)
-    return ShapedAdvantages(stats, shaped, seq_advantages, settings, lam)
+    return ShapedAdvantages(stats, seq_advantages, settings, lam, eps)
 
 
 class LagrangeController:
@@ -184,6 +235,9 @@ class LagrangeController:
         self.floor: float | None = None
         self.rollouts = 0
         self.skipped = 0
+        self.saturated: list[float] = []
+        """``C_bar`` of the consecutive dual updates that ended at ``lambda_max`` (the drift guard's window)."""
+        self.lifts = 0
 
     @property
     def calibrating(self) -> bool:
@@ -217,6 +271,35 @@ class LagrangeController:
         if self.calibrating or s.penalty_form == "fixed":
             return
         self.lam = min(max(self.lam + s.eta * (c_bar - self.eps), 0.0), s.lambda_max)
+        if s.drift_guard == "lift":
+            self._watch(c_bar)
+
+    def _watch(self, c_bar: float) -> None:
+        """The drift guard: lift eps to the floor the policy has drifted to when a saturated multiplier does not
+        bring the violation down (module docstring)."""
+        s = self.settings
+        if self.lam < s.lambda_max:
+            self.saturated.clear()
+            return
+        self.saturated.append(c_bar)
+        if len(self.saturated) < s.drift_window:
+            return
+        half = s.drift_window // 2
+        first = statistics.median(self.saturated[:half]) - self.eps
+        last = statistics.median(self.saturated[-half:]) - self.eps
+        if last <= 0.5 * first:
+            self.saturated.pop(0)
+            return
+        floor = statistics.median(self.saturated)
+        lifted = max(self.eps, s.eps_auto_factor * floor)
+        log.warning(
+            "DC-GRPO drift guard: lambda has been at lambda_max=%.4g for %d rollouts and the violation C_bar - eps did "
+            "not halve (%.4g -> %.4g): the discrepancy floor has drifted above eps. eps %.4g -> %.4g (%.3g x median "
+            "C_bar %.4g), lambda -> lambda_0=%.4g. Lift %d.", s.lambda_max, len(self.saturated), first, last,
+            self.eps, lifted, s.eps_auto_factor, floor, s.lambda_0, self.lifts + 1)
+        self.eps, self.lam = lifted, float(s.lambda_0)
+        self.lifts += 1
+        self.saturated.clear()
 
     def _set_floor(self, floor: float) -> None:
         s = self.settings
@@ -238,12 +321,14 @@ class LagrangeController:
                 self.eps = clamped
 
     STATE = {"lam": number, "eps": optional(positive), "eps_setting": either(literal("auto"), positive),
-             "observed": list_of(number), "floor": optional(number), "rollouts": count, "skipped": count}
+             "observed": list_of(number), "floor": optional(number), "rollouts": count, "skipped": count,
+             "saturated": list_of(number), "lifts": count}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"lam": self.lam, "eps": self.eps, "eps_setting": self.settings.eps, "observed": list(self.observed),
-                "floor": self.floor, "rollouts": self.rollouts, "skipped": self.skipped}
+                "floor": self.floor, "rollouts": self.rollouts, "skipped": self.skipped,
+                "saturated": list(self.saturated), "lifts": self.lifts}
 
     def load_state_dict(self, state: Mapping[str, Any], where: str = "dcgrpo") -> None:
         """Restore a snapshot taken by ``state_dict``, validated against the current settings (state protocol of
@@ -254,6 +339,8 @@ class LagrangeController:
           guard checks it against the saved floor); a switch between ``auto`` and a number is an error, because the
           saved run either has no calibration to resume or would keep an eps the configuration no longer asks for.
         - the calibration window (``calibration_rollouts`` / ``floor_rollouts``) must be the one of the saved run.
+        - the drift guard's window keeps its newest ``drift_window - 1`` rollouts (a shorter window may fire at the
+          next update).
         """
         s = self.settings
         state = validated(state, self.STATE, where)
@@ -273,6 +360,7 @@ class LagrangeController:
                              "started")
         self.observed, self.floor = state["observed"], state["floor"]
         self.rollouts, self.skipped = state["rollouts"], state["skipped"]
+        self.saturated, self.lifts = state["saturated"][-(s.drift_window - 1):], state["lifts"]
         self.eps = state["eps"]
         if not self.auto and saved_setting != s.eps:
             log.warning("%s: eps changed from %.4g (saved run) to %.4g (configuration): %.4g applies from now on",

@@ -26,7 +26,19 @@ from .errors import StateError
 from .formatting import brief, clip
 
 FORMAT = "mismatch_ctrl.state"
-VERSION = 2
+VERSION = 3
+
+
+def _upgrade_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 added DC-GRPO's drift guard (``dcgrpo.saturated``, ``dcgrpo.lifts``): a version-2 run resumes with
+    the guard's window empty and no lift counted."""
+    if isinstance(state.get("dcgrpo"), dict):
+        state["dcgrpo"] = {"saturated": [], "lifts": 0, **state["dcgrpo"]}
+    return state
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {2: _upgrade_v2}
+"""Readable older versions and the function that brings a state of that version to the next one."""
 _NAME = re.compile(r"^state_(\d{7,})\.json$")
 
 Check = Callable[[Any], Any]
@@ -201,10 +213,15 @@ class StateStore:
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             raise StateError(f"{path}: not a mismatch_ctrl state file (format {brief(document.get('format'))})"
                              if isinstance(document, dict) else f"{path}: not a mismatch_ctrl state file")
-        if document.get("version") != VERSION:
-            raise StateError(f"{path}: state version {brief(document.get('version'))} is not supported (expected "
-                             f"{VERSION}: written by another version of mismatch_ctrl)")
+        version = document.get("version")
+        if version != VERSION and (isinstance(version, bool) or version not in UPGRADES):
+            raise StateError(f"{path}: state version {brief(version)} is not supported (this version reads "
+                             f"{', '.join(map(str, sorted([*UPGRADES, VERSION])))}: written by another version of "
+                             "mismatch_ctrl)")
         if document.get("rollout_id") != rollout_id or not isinstance(document.get("state"), dict):
             raise StateError(f"{path}: corrupt state (rollout_id {brief(document.get('rollout_id'))}, expected "
                              f"{rollout_id})")
-        return document["state"]
+        state = document["state"]
+        while version != VERSION:
+            state, version = UPGRADES[version](state), version + 1
+        return state

@@ -274,40 +274,51 @@ def penalty(c: float, lam: float, eps: float, form: str) -> float:
 
 
 def shape_advantages(seqs: Sequence[Seq], advantages: Sequence[Sequence[float]], signal: str, form: str,
-                     aggregation: str, lam: float, eps: float) -> tuple[list[list[float]], float | None, float, float]:
-    """Shaped token advantages (penalty on trained tokens only), ``C_bar``, mean |penalty| and penalty share over
-    trained tokens."""
-    shaped, seq_means = [], []
-    tokens = sum_c = sum_pen = sum_adv = 0.0
-    for seq, adv in zip(seqs, advantages):
+                     aggregation: str, lam: float, eps: float, cap: float | None = None,
+                     skip_zero: bool = False) -> tuple[list[list[float]], float | None, float, float]:
+    """Shaped token advantages (penalty on trained tokens only; with ``skip_zero`` not on sequences whose advantage
+    is 0), ``C_bar``, mean |penalty| and penalty share over trained tokens. With ``cap`` the multiplier is lowered
+    until mean |penalty| <= cap x mean |A|."""
+    penalised = [not (skip_zero and all(a == 0 for a in adv)) for adv in advantages]
+    seq_means = []
+    tokens = sum_c = sum_unit = sum_adv = 0.0
+    for seq, adv, on in zip(seqs, advantages, penalised):
         c = token_signal(seq, signal)
-        pen = [penalty(x, lam, eps, form) if w > 0 else 0.0 for x, w in zip(c, seq.mask)]
-        shaped.append([a - p for a, p in zip(adv, pen)])
         seq_means.append(masked_mean(c, seq.mask))
         tokens += seq.count
         sum_c += sum(w * x for w, x in zip(seq.mask, c))
-        sum_pen += sum(w * abs(p) for w, p in zip(seq.mask, pen))
+        sum_unit += sum(w * abs(penalty(x, 1.0, eps, form)) for w, x in zip(seq.mask, c)) if on else 0.0
         sum_adv += sum(w * abs(a) for w, a in zip(seq.mask, adv))
+    if tokens and cap is not None and lam * sum_unit > cap * sum_adv:
+        lam = cap * sum_adv / sum_unit
+    shaped = []
+    for seq, adv, on in zip(seqs, advantages, penalised):
+        c = token_signal(seq, signal)
+        shaped.append([a - (penalty(x, lam, eps, form) if w > 0 and on else 0.0) for a, x, w in zip(adv, c, seq.mask)])
     if tokens == 0:
         return shaped, None, 0.0, 0.0
     c_bar = sum(seq_means) / len(seq_means) if aggregation == "seq_mean" else sum_c / tokens
-    pen_mean = sum_pen / tokens
+    pen_mean = lam * sum_unit / tokens
     return shaped, c_bar, pen_mean, pen_mean / max(sum_adv / tokens, 1e-8)
 
 
 def lagrange_trajectory(c_bars: Sequence[float | None], lambda_0: float, eta: float, eps: float | str,
                         lambda_max: float, form: str = "lagrangian", calibration: int = 10, factor: float = 1.1,
-                        guard: str = "clamp", floor_window: int = 3) -> list[tuple[float, float | None]]:
+                        guard: str = "clamp", floor_window: int = 3, drift_window: int | None = None
+                        ) -> list[tuple[float, float | None]]:
     """``(lambda that shapes rollout k, eps in force for it)`` for every rollout k, then the state after the last.
 
     ``lambda_{k+1} = clip(lambda_k + eta (C_bar_k - eps), 0, lambda_max)``; ``eps: auto`` keeps lambda 0 for the
     first ``calibration`` measured rollouts, then sets eps = factor x their median and lambda = lambda_0; the guard
-    raises eps to factor x floor (median of the first ``floor_window``) when eps is below it.
+    raises eps to factor x floor (median of the first ``floor_window``) when eps is below it. With ``drift_window``
+    W: after W consecutive updates ending at lambda_max, if the median violation of the last W // 2 of them is above
+    half that of the first W // 2, eps becomes max(eps, factor x median of the W C_bars) and lambda lambda_0.
     """
     auto = eps == "auto"
     lam, budget = (0.0, None) if auto else (lambda_0, eps)
     window = calibration if auto else floor_window
     seen: list[float] = []
+    at_max: list[float] = []
     out = []
     for c in c_bars:
         shaping = 0.0 if budget is None else (lambda_0 if form == "fixed" else lam)
@@ -326,6 +337,15 @@ def lagrange_trajectory(c_bars: Sequence[float | None], lambda_0: float, eta: fl
         if budget is None or form == "fixed":
             continue
         lam = clamp(lam + eta * (c - budget), 0.0, lambda_max)
+        if drift_window is None:
+            continue
+        at_max = at_max + [c] if lam == lambda_max else []
+        if len(at_max) == drift_window:
+            half = drift_window // 2
+            if median(at_max[-half:]) - budget > 0.5 * (median(at_max[:half]) - budget):
+                budget, lam, at_max = max(budget, factor * median(at_max)), lambda_0, []
+            else:
+                at_max = at_max[1:]
     out.append((0.0 if budget is None else (lambda_0 if form == "fixed" else lam), budget))
     return out
 

@@ -64,6 +64,15 @@ def test_float_written_without_dot_is_accepted(tmp_path):
     assert config.dcgrpo.eps == 1e-4 and config.correction.veto == 1e-5
 
 
+def test_the_papers_dcgrpo_is_spelled_in_plain_yaml(tmp_path):
+    path = write(tmp_path, "mismatch_ctrl:\n  architecture: moe\n  dcgrpo:\n    enabled: true\n    eps_guard: off\n"
+                           "    drift_guard: off\n    penalty_cap: none\n    zero_advantage: penalise\n")
+    d = load_config(path).dcgrpo
+    assert (d.eps_guard, d.drift_guard, d.penalty_cap, d.cap, d.zero_advantage) == ("off", "off", "none", None,
+                                                                                     "penalise")
+    assert build_config({"dcgrpo": {"penalty_cap": 2}}, architecture="moe").dcgrpo.cap == 2.0
+
+
 def test_eps_auto():
     assert build_config({"dcgrpo": {"enabled": True, "eps": "auto"}}, architecture="moe").dcgrpo.eps == "auto"
 
@@ -97,6 +106,11 @@ def test_eps_auto():
     ({"correction": {"mis_level": "token", "is_level": "token"}}, "mismatch_ctrl.correction.mis_level",
      "duplicates is_level"),
     ({"state": {"keep_last": 0}}, "mismatch_ctrl.state.keep_last", "must be >= 1"),
+    ({"dcgrpo": {"drift_guard": "on"}}, "mismatch_ctrl.dcgrpo.drift_guard", "one of 'lift', 'off'"),
+    ({"dcgrpo": {"drift_window": 1}}, "mismatch_ctrl.dcgrpo.drift_window", "must be >= 2"),
+    ({"dcgrpo": {"penalty_cap": 0}}, "mismatch_ctrl.dcgrpo.penalty_cap", "'none' for no cap"),
+    ({"dcgrpo": {"penalty_cap": "off"}}, "mismatch_ctrl.dcgrpo.penalty_cap", "expected a number or one of 'none'"),
+    ({"dcgrpo": {"zero_advantage": "ignore"}}, "mismatch_ctrl.dcgrpo.zero_advantage", "'penalise', 'skip'"),
 ])
 def test_errors_name_the_key_and_the_fix(section, key, fix):
     with pytest.raises(ConfigError) as err:

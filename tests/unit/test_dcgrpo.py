@@ -21,13 +21,19 @@ from .inputs import raw_batches, seq_advantages
 @pytest.mark.parametrize("aggregation", ["seq_mean", "token_mean"])
 @settings(max_examples=15, deadline=None)
 @given(raw=raw_batches(), signal=st.sampled_from(SIGNALS), lam=st.sampled_from([0.0, 0.05, 0.7, 3.0]),
-       eps=st.sampled_from([1e-4, 0.005, 0.3]))
-def test_shape_advantages_matches_reference(form, aggregation, raw, signal, lam, eps):
+       eps=st.sampled_from([1e-4, 0.005, 0.3]), cap=st.sampled_from(["none", 0.01, 0.5, 2.0]),
+       zero=st.sampled_from(["penalise", "skip"]), zeros=st.integers(0, 2**16))
+def test_shape_advantages_matches_reference(form, aggregation, raw, signal, lam, eps, cap, zero, zeros):
     advantages, advantage_rows = seq_advantages(raw, seed=len(raw.sizes))
-    s = DCGRPOSettings(enabled=True, signal=signal, penalty_form=form, aggregation=aggregation)
+    for i in range(len(raw.sizes)):  # GRPO groups whose rewards are all equal have advantage exactly 0
+        if zeros >> (i % 16) & 1:
+            advantages[i] = 0.0
+            advantage_rows[i] = [0.0] * len(advantage_rows[i])
+    s = DCGRPOSettings(enabled=True, signal=signal, penalty_form=form, aggregation=aggregation, penalty_cap=cap,
+                       zero_advantage=zero)
     got = shape_advantages(raw.token_batch(), advantages, s, lam, eps)
     shaped, c_bar, pen_mean, share = ref.shape_advantages(raw.seqs(), advantage_rows, signal, form, aggregation,
-                                                          lam, eps)
+                                                          lam, eps, None if cap == "none" else cap, zero == "skip")
     expected = torch.tensor([x for row in shaped for x in row], dtype=torch.float64)
     torch.testing.assert_close(got.advantages.double(), expected, rtol=1e-5, atol=1e-5)
     if c_bar is None:
@@ -56,7 +62,7 @@ def test_shaping_subtracts_the_penalty_of_each_form():
     expected = {"lagrangian": a - lam * c, "fixed": a - lam * c, "centered": a - lam * (c - eps),
                 "hinge": a - lam * (c - eps).clamp_min(0)}
     for form, want in expected.items():
-        s = DCGRPOSettings(enabled=True, penalty_form=form)
+        s = DCGRPOSettings(enabled=True, penalty_form=form, penalty_cap="none")
         torch.testing.assert_close(shape_advantages(batch, per_seq, s, lam, eps).advantages, want)
     seq_mean = float((c[:2].mean() + c[2]) / 2)
     token_mean = float(c.mean())
@@ -84,7 +90,7 @@ def run(ctrl: LagrangeController, c_bars) -> list[tuple[float, float | None]]:
 
 
 def test_lambda_rises_above_eps_and_saturates():
-    ctrl = controller()
+    ctrl = controller(drift_guard="off")
     trace = [lam for lam, _ in run(ctrl, [0.005] * 3 + [0.21] * 8)]
     assert trace[:4] == pytest.approx([0.1, 0.095, 0.09, 0.085])
     rising = trace[3:]
@@ -108,19 +114,21 @@ def lagrange_cases(draw):
               lambda_max=draw(st.sampled_from([lambda_0, 0.3, 1.0])),
               penalty_form=draw(st.sampled_from(PENALTY_FORMS)),
               calibration_rollouts=draw(st.integers(1, 6)), eps_guard=draw(st.sampled_from(["clamp", "off"])),
-              floor_rollouts=draw(st.integers(1, 4)))
-    c = st.one_of(st.floats(0.0, 0.1), st.none(), st.just(math.nan))
-    return kw, draw(st.lists(c, max_size=30))
+              floor_rollouts=draw(st.integers(1, 4)), drift_guard=draw(st.sampled_from(["lift", "off"])),
+              drift_window=draw(st.integers(2, 7)))
+    c = st.one_of(st.floats(0.0, 0.1), st.floats(0.2, 0.6), st.none(), st.just(math.nan))
+    return kw, draw(st.lists(c, max_size=40))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(lagrange_cases())
 def test_trajectory_matches_loop_reference(case):
     kw, c_bars = case
     got = run(controller(**kw), c_bars)
     expected = ref.lagrange_trajectory(
         c_bars, kw["lambda_0"], kw["eta"], kw["eps"], kw["lambda_max"], kw["penalty_form"],
-        kw["calibration_rollouts"], 1.1, kw["eps_guard"], kw["floor_rollouts"])
+        kw["calibration_rollouts"], 1.1, kw["eps_guard"], kw["floor_rollouts"],
+        kw["drift_window"] if kw["drift_guard"] == "lift" else None)
     assert got == expected
 
 
@@ -191,3 +199,72 @@ def test_state_round_trips_through_json_and_continues_identically(case, cut):
     assert restored.state_dict() == original.state_dict()
     assert run(restored, c_bars[cut:]) == run(original, c_bars[cut:])
     assert restored.state_dict() == original.state_dict()
+
+
+def ramp_then_plateau(start=0.003, top=0.07, ramp=40, plateau=60):
+    """The drifting floor of issue 17: C_bar ramps linearly for ``ramp`` rollouts, then stays at ``top``."""
+    return [start + (top - start) * k / (ramp - 1) for k in range(ramp)] + [top] * plateau
+
+
+@pytest.mark.parametrize("arch", ["moe", "dense"])
+def test_drift_guard_frees_a_multiplier_pinned_by_a_drifting_floor(caplog, arch):
+    from mismatch_ctrl.config import arch_defaults
+
+    values = arch_defaults(arch)["dcgrpo"]
+    paper = controller(**values, drift_guard="off")
+    guarded = controller(**values)
+    stream = ramp_then_plateau()
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl.dcgrpo"):
+        paper_trace, guarded_trace = run(paper, stream), run(guarded, stream)
+    plateau = slice(41, None)  # lambda after each plateau update
+    assert all(lam == values["lambda_max"] for lam, _ in paper_trace[50:])  # the paper's form stays pinned
+    assert guarded.lifts >= 1 and "drift guard" in caplog.text
+    assert sum(lam == values["lambda_max"] for lam, _ in guarded_trace[plateau]) < 15
+    assert guarded_trace[-1][0] == 0.0 and guarded.eps > 0.07  # eps lifted above the plateau, lambda relaxed
+    assert guarded.eps == pytest.approx(1.1 * 0.07, rel=0.05)
+
+
+def test_drift_guard_leaves_a_multiplier_that_is_bringing_the_violation_down():
+    ctrl = controller(eps=0.01, lambda_0=1.0, drift_window=6, eps_guard="off")
+    falling = [0.2, 0.15, 0.11, 0.08, 0.06, 0.04, 0.03, 0.025, 0.02, 0.018]  # lambda stays at 1.0 throughout
+    trace = run(ctrl, falling)
+    assert all(lam == 1.0 for lam, _ in trace) and ctrl.lifts == 0 and ctrl.eps == 0.01
+
+
+def test_drift_guard_lifts_eps_only_upwards_and_restarts_its_window():
+    ctrl = controller(eps=0.01, lambda_0=0.1, drift_window=4, eps_guard="off")
+    run(ctrl, [0.6] * 4)  # lambda 0.1 -> 0.69 -> 1.0: 3 updates at lambda_max
+    assert ctrl.lifts == 0 and ctrl.saturated == [0.6, 0.6, 0.6]
+    ctrl.update(0.6)
+    assert ctrl.lifts == 1 and ctrl.eps == pytest.approx(0.66) and ctrl.lam == 0.1 and ctrl.saturated == []
+
+
+def test_cap_bounds_the_penalty_and_zero_advantage_sequences_can_be_spared():
+    from mismatch_ctrl.batch import TokenBatch
+
+    train = torch.tensor([-1.0, -2.0, -0.1, -0.3])
+    rollout = torch.tensor([-1.5, -2.6, -0.7, -0.3])
+    batch = TokenBatch.from_lists([train[:2], train[2:]], [rollout[:2], rollout[2:]], [torch.ones(2), torch.ones(2)])
+    c = (train.exp() - rollout.exp()).abs()
+    per_seq = torch.tensor([0.5, 0.0])
+    a = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    lam = 5.0
+    paper = shape_advantages(batch, per_seq, DCGRPOSettings(penalty_cap="none", zero_advantage="penalise"), lam, 0.0)
+    torch.testing.assert_close(paper.advantages, a - lam * c)
+    assert paper.penalty_share > 1 and not paper.capped
+    skip = shape_advantages(batch, per_seq, DCGRPOSettings(penalty_cap="none"), lam, 0.0)
+    torch.testing.assert_close(skip.advantages, a - lam * c * torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    capped = shape_advantages(batch, per_seq, DCGRPOSettings(penalty_cap=0.5), lam, 0.0)
+    assert capped.capped and capped.lambda_shaping == pytest.approx(0.5 * float(a.mean()) / float(c[:2].sum() / 4))
+    assert capped.penalty_share == pytest.approx(0.5)
+    torch.testing.assert_close(capped.advantages, a - capped.lambda_shaping * c * torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    silent = shape_advantages(batch, torch.zeros(2), DCGRPOSettings(penalty_cap=0.5, zero_advantage="penalise"),
+                              lam, 0.0)
+    assert silent.lambda_shaping == 0.0 and torch.equal(silent.advantages, torch.zeros(4))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("drift_window", 1, "must be >= 2"), ("penalty_cap", 0.0, "must be > 0"), ("penalty_cap", -1.0, "'none'")])
+def test_new_settings_are_validated(key, value, message):
+    problems = dict(DCGRPOSettings(**{key: value}).problems())
+    assert message in problems[key]

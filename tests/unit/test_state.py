@@ -15,7 +15,7 @@ from mismatch_ctrl.controllers import ControllerSet
 from mismatch_ctrl.dcgrpo import DCGRPOSettings, LagrangeController
 from mismatch_ctrl.errors import StateError
 from mismatch_ctrl.lr_schedule import LengthDecaySettings, LengthTriggeredLR, SurgeDetector, SurgeSettings
-from mismatch_ctrl.state import StateStore
+from mismatch_ctrl.state import VERSION, StateStore
 
 STATE = {"dcgrpo": {"lam": 0.123456789012345678, "eps": None, "observed": [1e-300, 0.1 + 0.2]}, "last_rollout": 7}
 
@@ -57,6 +57,7 @@ def test_missing_file_names_it_and_the_files_present(tmp_path):
     ("[1, 2, 3]", "not a mismatch_ctrl state file"),
     ('{"format": "mismatch_ctrl.state", "version": 99, "rollout_id": 4, "state": {}}', "state version 99"),
     ('{"format": "mismatch_ctrl.state", "version": 1, "rollout_id": 4, "state": {}}', "state version 1"),
+    ('{"format": "mismatch_ctrl.state", "version": true, "rollout_id": 4, "state": {}}', "state version True"),
     ('{"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 3, "state": {}}', "rollout_id 3, expected 4"),
     ('{"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 4, "state": [1]}', "corrupt state"),
 ])
@@ -83,7 +84,7 @@ def test_failing_write_keeps_the_previous_file_and_leaves_no_temp_file(tmp_path)
 def test_files_are_plain_json(tmp_path):
     path = StateStore(tmp_path).save(1, STATE)
     document = json.loads(path.read_text())
-    assert document == {"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 1, "state": STATE}
+    assert document == {"format": "mismatch_ctrl.state", "version": VERSION, "rollout_id": 1, "state": STATE}
 
 
 # --- the state protocol -----------------------------------------------------------------------------------------------
@@ -267,3 +268,19 @@ def test_a_controller_set_restores_all_or_nothing():
     assert target.state_dict() == before
     target.load_state_dict(saved)
     assert target.state_dict() == saved and target.lr.detector is target.surge
+
+
+def test_a_version_2_file_resumes_with_the_drift_guard_window_empty(tmp_path):
+    config = build_config({"dcgrpo": {"enabled": True}}, architecture="moe")
+    original = ControllerSet(config)
+    for c_bar in (0.004, 0.02, 0.03, 0.05):
+        original.dcgrpo.update(c_bar)
+    state = original.state_dict()
+    old = copy.deepcopy(state)
+    del old["dcgrpo"]["saturated"], old["dcgrpo"]["lifts"]
+    store = StateStore(tmp_path)
+    store.path(4).write_text(json.dumps({"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 4,
+                                         "state": old}))
+    restored = ControllerSet(config)
+    restored.load_state_dict(store.load(4))
+    assert restored.state_dict() == state
