@@ -4,7 +4,8 @@ Every rollout goes through :meth:`~mismatch_ctrl.controllers.ControllerSet.step`
 so the replay is the controller, not a re-implementation:
 
 - ``chosen``: DC-GRPO with the method's ``dcgrpo`` settings (and the command-line overrides): lambda trajectory,
-  the eps in force (the infeasible-budget guard may raise it), the discrepancy ``C_bar`` and the penalty share;
+  the eps in force (the infeasible-budget guard and the drift guard may raise it), the discrepancy ``C_bar``, the
+  penalty share and where the penalty cap held lambda down;
 - ``auto``: the same with ``eps: auto`` (lambda 0 for the first K rollouts, then eps = factor x median C_bar);
 - ``surge``: the response-length surge detector of ``lr_decay`` (``period: auto``), run after all rollouts are read
   so that a maximum response length inferred from the whole run can cap its ratio; its verdict, onset and ``T_d``.
@@ -27,8 +28,8 @@ from ..config import Config
 from ..controllers import ControllerSet
 from ..dcgrpo import DCGRPOSettings
 
-STEP_KEYS = ("lambda", "lambda_next", "eps", "discrepancy", "violation", "penalty_share", "eps_floor",
-             "eps_calibrating")
+STEP_KEYS = ("lambda", "lambda_next", "lambda_shaping", "eps", "discrepancy", "violation", "penalty_share",
+             "penalty_capped", "eps_floor", "eps_calibrating", "drift_guard_lifted")
 
 
 def replay_configs(config: Config) -> tuple[Config, Config, Config]:
@@ -94,7 +95,8 @@ class Replay:
         shares = [x["penalty_share"] for x in steps if x["penalty_share"] is not None]
         return {
             "settings": {k: getattr(s, k) for k in ("signal", "penalty_form", "aggregation", "lambda_0", "eta", "eps",
-                                                    "lambda_max", "eps_guard", "floor_rollouts")},
+                                                    "lambda_max", "eps_guard", "floor_rollouts", "drift_guard",
+                                                    "drift_window", "penalty_cap", "zero_advantage")},
             "eps_final": ctrl.eps,
             "eps_floor": ctrl.floor,
             "guard_raised_eps": isinstance(s.eps, float) and ctrl.eps is not None and ctrl.eps != s.eps,
@@ -105,6 +107,10 @@ class Replay:
             "fraction_at_lambda_max": (sum(x["lambda_next"] >= s.lambda_max for x in steps) / len(steps)
                                        if steps and s.penalty_form != "fixed" else None),
             "penalty_share_mean": sum(shares) / len(shares) if shares else None,
+            "drift_guard_lifts": [rollout_id for (rollout_id, _), r in zip(self.lengths, self.records)
+                                  if r["chosen"] is not None and r["chosen"]["drift_guard_lifted"]],
+            "fraction_capped": (sum(bool(x["penalty_capped"]) for x in steps) / len(steps)
+                                if steps and s.cap is not None else None),
         }
 
     def c_bars(self) -> list[float]:

@@ -59,6 +59,13 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
             lines.append(f"The infeasible-budget guard (`eps_guard: {s['eps_guard']}`) raised eps to "
                          f"{fmt(replay['eps_final'], 4)}: the chosen eps is below the floor "
                          f"{fmt(replay['eps_floor'], 4)}.")
+        if replay["drift_guard_lifts"]:
+            lines.append(f"The drift guard (`drift_guard: {s['drift_guard']}`, window {s['drift_window']}) lifted eps "
+                         f"after rollouts {', '.join(map(str, replay['drift_guard_lifts']))}: lambda sat at "
+                         "lambda_max while the violation did not halve (the floor drifted above eps).")
+        if replay["fraction_capped"]:
+            lines.append(f"The penalty cap (`penalty_cap: {s['penalty_cap']}`) held the shaping lambda below lambda in "
+                         f"{_pct(replay['fraction_capped'])} of the rollouts.")
         lines.append(f"C_bar exceeded eps in {_pct(replay['fraction_above_eps'])} of the rollouts; lambda ends at "
                      f"{fmt(replay['lambda_final'], 4)} and sits at lambda_max after "
                      f"{_pct(replay['fraction_at_lambda_max'])} of them; mean penalty share (|lambda c| / |A|) "
