@@ -26,10 +26,12 @@ calibration window with ``eps: auto``); if ``eps < floor``, warn and, with ``eps
 Safeties for a floor that drifts [ours; issue 17, ALGORITHMS.md section 2]. The paper's method is
 ``drift_guard: off``, ``penalty_cap: none``, ``zero_advantage: penalise`` (``configs/methods/dcgrpo_paper.yaml``).
 
-- ``drift_guard: lift``: when lambda has been at ``lambda_max`` for ``drift_window`` = W consecutive dual updates and
-  the violation did not halve (median ``C_bar - eps`` of the last ``W // 2`` of them above half the median of the
-  first ``W // 2``), the budget is infeasible for the policy as it is now: ``eps <- max(eps, 1.1 median C_bar)`` over
-  those W rollouts and ``lambda <- lambda_0``; the lift is logged and counted (``guard_lifts``).
+- ``drift_guard``: a streak is W = ``drift_window`` consecutive dual updates that pressed on lambda: each ended at
+  ``lambda_max`` (``saturated``) or each had ``C_bar > eps`` (``persistent``: lambda rose every time). When a streak
+  completes and the violation did not halve (median ``C_bar - eps`` of its last ``W // 2`` rollouts above half the
+  median of its first ``W // 2``), the budget is infeasible for the policy as it is now: ``eps <- max(eps, 1.1 median
+  C_bar)`` over the streak and ``lambda <- lambda_0``; the lift is logged and counted (``drift_guard_lifts``). A
+  streak whose violation halved slides on by one rollout.
 - ``penalty_cap: kappa``: the multiplier that shapes a rollout is ``min(lambda, kappa mean|A| / mean|c~|)`` over the
   trained tokens of the global batch (``c~`` the penalty per unit lambda), so ``mean|penalty| <= kappa mean|A|``.
 - ``zero_advantage: skip``: sequences whose baseline advantage is exactly 0 (GRPO groups whose rewards are all equal)
@@ -50,13 +52,13 @@ import torch
 from .errors import StateError
 from .seqstats import BatchTotals, Columns, SeqStats, Tokens
 from .signals import SIGNAL_COLUMNS, Signal
-from .state import count, either, list_of, literal, number, optional, positive, validated
+from .state import count, either, list_of, literal, nonnegative, number, optional, positive, validated
 
 log = logging.getLogger(__name__)
 
 PenaltyForm = Literal["lagrangian", "centered", "hinge", "fixed"]
 Aggregation = Literal["seq_mean", "token_mean"]
-DriftGuard = Literal["lift", "off"]
+DriftGuard = Literal["persistent", "saturated", "off"]
 ZeroAdvantage = Literal["penalise", "skip"]
 NO_CAP = "none"
 PENALTY_FORMS: tuple[str, ...] = get_args(PenaltyForm)
@@ -83,7 +85,7 @@ class DCGRPOSettings:
     eps_auto_factor: float = 1.1
     eps_guard: Literal["clamp", "off"] = "clamp"
     floor_rollouts: int = 3
-    drift_guard: DriftGuard = "lift"
+    drift_guard: DriftGuard = "saturated"
     drift_window: int = 10
     penalty_cap: float | Literal["none"] = 1.0
     zero_advantage: ZeroAdvantage = "skip"
@@ -235,8 +237,8 @@ class LagrangeController:
         self.floor: float | None = None
         self.rollouts = 0
         self.skipped = 0
-        self.saturated: list[float] = []
-        """``C_bar`` of the consecutive dual updates that ended at ``lambda_max`` (the drift guard's window)."""
+        self.streak: list[float] = []
+        """``C_bar`` of the consecutive dual updates that pressed on lambda (the drift guard's streak)."""
         self.lifts = 0
 
     @property
@@ -271,35 +273,37 @@ class LagrangeController:
         if self.calibrating or s.penalty_form == "fixed":
             return
         self.lam = min(max(self.lam + s.eta * (c_bar - self.eps), 0.0), s.lambda_max)
-        if s.drift_guard == "lift":
+        if s.drift_guard != "off":
             self._watch(c_bar)
 
     def _watch(self, c_bar: float) -> None:
-        """The drift guard: lift eps to the floor the policy has drifted to when a saturated multiplier does not
-        bring the violation down (module docstring)."""
+        """The drift guard: lift eps to the floor the policy has drifted to when pressing on lambda does not bring
+        the violation down (module docstring)."""
         s = self.settings
-        if self.lam < s.lambda_max:
-            self.saturated.clear()
+        pressed = self.lam >= s.lambda_max if s.drift_guard == "saturated" else c_bar > self.eps
+        if not pressed:
+            self.streak.clear()
             return
-        self.saturated.append(c_bar)
-        if len(self.saturated) < s.drift_window:
+        self.streak.append(c_bar)
+        if len(self.streak) < s.drift_window:
             return
         half = s.drift_window // 2
-        first = statistics.median(self.saturated[:half]) - self.eps
-        last = statistics.median(self.saturated[-half:]) - self.eps
+        first = statistics.median(self.streak[:half]) - self.eps
+        last = statistics.median(self.streak[-half:]) - self.eps
         if last <= 0.5 * first:
-            self.saturated.pop(0)
+            self.streak.pop(0)
             return
-        floor = statistics.median(self.saturated)
+        floor = statistics.median(self.streak)
         lifted = max(self.eps, s.eps_auto_factor * floor)
         log.warning(
-            "DC-GRPO drift guard: lambda has been at lambda_max=%.4g for %d rollouts and the violation C_bar - eps did "
-            "not halve (%.4g -> %.4g): the discrepancy floor has drifted above eps. eps %.4g -> %.4g (%.3g x median "
-            "C_bar %.4g), lambda -> lambda_0=%.4g. Lift %d.", s.lambda_max, len(self.saturated), first, last,
-            self.eps, lifted, s.eps_auto_factor, floor, s.lambda_0, self.lifts + 1)
+            "DC-GRPO drift guard (%s): lambda has been pressed for %d rollouts (now %.4g, lambda_max %.4g) and the "
+            "violation C_bar - eps did not halve (%.4g -> %.4g): the discrepancy floor has drifted above eps. eps "
+            "%.4g -> %.4g (%.3g x median C_bar %.4g), lambda -> lambda_0=%.4g. Lift %d.", s.drift_guard,
+            len(self.streak), self.lam, s.lambda_max, first, last, self.eps, lifted, s.eps_auto_factor, floor,
+            s.lambda_0, self.lifts + 1)
         self.eps, self.lam = lifted, float(s.lambda_0)
         self.lifts += 1
-        self.saturated.clear()
+        self.streak.clear()
 
     def _set_floor(self, floor: float) -> None:
         s = self.settings
@@ -320,15 +324,15 @@ class LagrangeController:
             if s.eps_guard == "clamp":
                 self.eps = clamped
 
-    STATE = {"lam": number, "eps": optional(positive), "eps_setting": either(literal("auto"), positive),
+    STATE = {"lam": number, "eps": optional(nonnegative), "eps_setting": either(literal("auto"), positive),
              "observed": list_of(number), "floor": optional(number), "rollouts": count, "skipped": count,
-             "saturated": list_of(number), "lifts": count}
+             "streak": list_of(number), "lifts": count}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
         return {"lam": self.lam, "eps": self.eps, "eps_setting": self.settings.eps, "observed": list(self.observed),
                 "floor": self.floor, "rollouts": self.rollouts, "skipped": self.skipped,
-                "saturated": list(self.saturated), "lifts": self.lifts}
+                "streak": list(self.streak), "lifts": self.lifts}
 
     def load_state_dict(self, state: Mapping[str, Any], where: str = "dcgrpo") -> None:
         """Restore a snapshot taken by ``state_dict``, validated against the current settings (state protocol of
@@ -339,7 +343,7 @@ class LagrangeController:
           guard checks it against the saved floor); a switch between ``auto`` and a number is an error, because the
           saved run either has no calibration to resume or would keep an eps the configuration no longer asks for.
         - the calibration window (``calibration_rollouts`` / ``floor_rollouts``) must be the one of the saved run.
-        - the drift guard's window keeps its newest ``drift_window - 1`` rollouts (a shorter window may fire at the
+        - the drift guard's streak keeps its newest ``drift_window - 1`` rollouts (a shorter window may fire at the
           next update).
         """
         s = self.settings
@@ -360,7 +364,7 @@ class LagrangeController:
                              "started")
         self.observed, self.floor = state["observed"], state["floor"]
         self.rollouts, self.skipped = state["rollouts"], state["skipped"]
-        self.saturated, self.lifts = state["saturated"][-(s.drift_window - 1):], state["lifts"]
+        self.streak, self.lifts = state["streak"][-(s.drift_window - 1):], state["lifts"]
         self.eps = state["eps"]
         if not self.auto and saved_setting != s.eps:
             log.warning("%s: eps changed from %.4g (saved run) to %.4g (configuration): %.4g applies from now on",

@@ -30,10 +30,10 @@ VERSION = 3
 
 
 def _upgrade_v2(state: dict[str, Any]) -> dict[str, Any]:
-    """Version 3 added DC-GRPO's drift guard (``dcgrpo.saturated``, ``dcgrpo.lifts``): a version-2 run resumes with
-    the guard's window empty and no lift counted."""
+    """Version 3 added DC-GRPO's drift guard (``dcgrpo.streak``, ``dcgrpo.lifts``): a version-2 run resumes with the
+    guard's streak empty and no lift counted."""
     if isinstance(state.get("dcgrpo"), dict):
-        state["dcgrpo"] = {"saturated": [], "lifts": 0, **state["dcgrpo"]}
+        state["dcgrpo"] = {"streak": [], "lifts": 0, **state["dcgrpo"]}
     return state
 
 

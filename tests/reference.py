@@ -304,15 +304,16 @@ def shape_advantages(seqs: Sequence[Seq], advantages: Sequence[Sequence[float]],
 
 def lagrange_trajectory(c_bars: Sequence[float | None], lambda_0: float, eta: float, eps: float | str,
                         lambda_max: float, form: str = "lagrangian", calibration: int = 10, factor: float = 1.1,
-                        guard: str = "clamp", floor_window: int = 3, drift_window: int | None = None
-                        ) -> list[tuple[float, float | None]]:
+                        guard: str = "clamp", floor_window: int = 3, drift_window: int | None = None,
+                        drift: str = "saturated") -> list[tuple[float, float | None]]:
     """``(lambda that shapes rollout k, eps in force for it)`` for every rollout k, then the state after the last.
 
     ``lambda_{k+1} = clip(lambda_k + eta (C_bar_k - eps), 0, lambda_max)``; ``eps: auto`` keeps lambda 0 for the
     first ``calibration`` measured rollouts, then sets eps = factor x their median and lambda = lambda_0; the guard
     raises eps to factor x floor (median of the first ``floor_window``) when eps is below it. With ``drift_window``
-    W: after W consecutive updates ending at lambda_max, if the median violation of the last W // 2 of them is above
-    half that of the first W // 2, eps becomes max(eps, factor x median of the W C_bars) and lambda lambda_0.
+    W: after W consecutive updates ending at lambda_max (``drift="saturated"``) or with C_bar > eps (``"persistent"``),
+    if the median violation of the last W // 2 of them is above half that of the first W // 2, eps becomes
+    max(eps, factor x median of the W C_bars) and lambda lambda_0.
     """
     auto = eps == "auto"
     lam, budget = (0.0, None) if auto else (lambda_0, eps)
@@ -339,7 +340,8 @@ def lagrange_trajectory(c_bars: Sequence[float | None], lambda_0: float, eta: fl
         lam = clamp(lam + eta * (c - budget), 0.0, lambda_max)
         if drift_window is None:
             continue
-        at_max = at_max + [c] if lam == lambda_max else []
+        pressed = lam == lambda_max if drift == "saturated" else c > budget
+        at_max = at_max + [c] if pressed else []
         if len(at_max) == drift_window:
             half = drift_window // 2
             if median(at_max[-half:]) - budget > 0.5 * (median(at_max[:half]) - budget):

@@ -32,17 +32,19 @@ def _dcgrpo(*safeties: Any) -> tuple[str, dict[str, Any]]:
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dcgrpo_floor_guard": _dcgrpo("off", "none", "penalise"),
-    "dcgrpo_drift": _dcgrpo("lift", "none", "penalise"),
-    "dcgrpo_drift_skip": _dcgrpo("lift", "none", "skip"),
-    "dcgrpo_cap1": _dcgrpo("lift", 1.0, "skip"),
-    "dcgrpo_cap025": _dcgrpo("lift", 0.25, "skip"),
+    "dcgrpo_drift": _dcgrpo("saturated", "none", "penalise"),
+    "dcgrpo_drift_skip": _dcgrpo("saturated", "none", "skip"),
+    "dcgrpo_cap1": _dcgrpo("saturated", 1.0, "skip"),
+    "dcgrpo_cap025": _dcgrpo("saturated", 0.25, "skip"),
+    "dcgrpo_cap005": _dcgrpo("saturated", 0.05, "skip"),
+    "dcgrpo_persistent": _dcgrpo("persistent", 1.0, "skip"),
     "dcgrpo_tight_noguard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "off"}}),
     "dcgrpo_tight_guard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "clamp"}}),
     "dcgrpo_centered": ("dcgrpo", {"dcgrpo": {"penalty_form": "centered"}}),
     "geo_rs_e4m3": ("geo_mis", {"correction": {"rs_low": 0.87, "rs_high": 1.15}}),
     "geo_rs_e5m2": ("geo_mis", {"correction": {"rs_low": 0.76, "rs_high": 1.31}}),
 }
-"""``dcgrpo_floor_guard`` .. ``dcgrpo_cap025``: DC-GRPO with the safeties of issue 17 added one at a time
+"""``dcgrpo_floor_guard`` .. ``dcgrpo_persistent``: DC-GRPO with the safeties of issue 17 added one at a time
 (``drift_guard``, ``penalty_cap``, ``zero_advantage``; ALGORITHMS.md section 2); ``dcgrpo_floor_guard`` is the
 default before them (the paper's method plus the infeasible-budget guard). ``dcgrpo_tight_*``: DC-GRPO with eps far below the FP8 engine's discrepancy floor and a large lambda_max, without
 and with the infeasible-budget guard (ALGORITHMS.md section 2); eta = 10 lets lambda climb within a lab run's 200

@@ -120,20 +120,22 @@ def test_too_few_rollouts_leave_the_detector_undecided(run):
     assert surge["T_d"] is None and surge["series"]["lr_scale"] == [1.0] * 12
 
 
-def test_replay_runs_the_drift_guard(run, tmp_path):
+@pytest.mark.parametrize("drift", ["saturated", "persistent"])
+def test_replay_runs_the_drift_guard(run, tmp_path, drift):
     directory, _, truth, c_bars = run
     method = tmp_path / "pinned.yaml"
     method.write_text("mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    eps_guard: off\n    floor_rollouts: 2\n"
-                      "    drift_window: 3\n    lambda_max: 0.3\n")
+                      f"    drift_window: 3\n    lambda_max: 0.3\n    drift_guard: {drift}\n")
     result = analyze_dumps(directory, AnalyzeOptions(config=method, architecture="dense", eps=0.0005, eta=50.0,
                                                      progress=False))
-    expected = ref.lagrange_trajectory(c_bars, 0.1, 50.0, 0.0005, 0.3, floor_window=2, guard="off", drift_window=3)
+    expected = ref.lagrange_trajectory(c_bars, 0.1, 50.0, 0.0005, 0.3, floor_window=2, guard="off", drift_window=3,
+                                       drift=drift)
     replayed = [row["replay"]["chosen"] for row in result["rollouts"]]
     assert [x["eps"] for x in replayed if x] == pytest.approx(
         [eps for (_, eps), c in zip(expected, c_bars) if c is not None], rel=1e-4)
     lifted = [k for k, ((_, before), (_, after)) in enumerate(zip(expected, expected[1:])) if after != before]
     summary = result["dcgrpo_replay"]
     assert lifted and summary["drift_guard_lifts"] == lifted
-    assert summary["settings"]["drift_guard"] == "lift" and summary["eps_final"] == pytest.approx(expected[-1][1])
+    assert summary["settings"]["drift_guard"] == drift and summary["eps_final"] == pytest.approx(expected[-1][1])
     report = write_report(result, tmp_path / "analysis").read_text()
     assert f"lifted eps after rollouts {', '.join(map(str, lifted))}" in report

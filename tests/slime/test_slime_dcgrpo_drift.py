@@ -73,7 +73,7 @@ def test_drift_guard_state_resumes_exactly(tmp_path):
     got = lambdas(first, range(RAMP))[:RAMP - 1]
     checkpoint = RAMP - 2  # mid-window: lambda is at lambda_max and the guard has counted some rollouts
     saved = StateStore(tmp_path / "mismatch_ctrl").load(checkpoint)["dcgrpo"]
-    assert saved["lam"] == 1.0 and 0 < len(saved["saturated"]) < 10 and saved["lifts"] == 0
+    assert saved["lam"] == 1.0 and 0 < len(saved["streak"]) < 10 and saved["lifts"] == 0
     (tmp_path / TRACKER).write_text(f"{checkpoint}\n")
     resumed = make_args(method("dcgrpo"), save=str(tmp_path), load=str(tmp_path), **common)
     hooks.on_megatron_init(resumed)

@@ -106,7 +106,7 @@ def test_eps_auto():
     ({"correction": {"mis_level": "token", "is_level": "token"}}, "mismatch_ctrl.correction.mis_level",
      "duplicates is_level"),
     ({"state": {"keep_last": 0}}, "mismatch_ctrl.state.keep_last", "must be >= 1"),
-    ({"dcgrpo": {"drift_guard": "on"}}, "mismatch_ctrl.dcgrpo.drift_guard", "one of 'lift', 'off'"),
+    ({"dcgrpo": {"drift_guard": "on"}}, "mismatch_ctrl.dcgrpo.drift_guard", "one of 'persistent', 'saturated'"),
     ({"dcgrpo": {"drift_window": 1}}, "mismatch_ctrl.dcgrpo.drift_window", "must be >= 2"),
     ({"dcgrpo": {"penalty_cap": 0}}, "mismatch_ctrl.dcgrpo.penalty_cap", "'none' for no cap"),
     ({"dcgrpo": {"penalty_cap": "off"}}, "mismatch_ctrl.dcgrpo.penalty_cap", "expected a number or one of 'none'"),

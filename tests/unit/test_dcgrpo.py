@@ -114,7 +114,8 @@ def lagrange_cases(draw):
               lambda_max=draw(st.sampled_from([lambda_0, 0.3, 1.0])),
               penalty_form=draw(st.sampled_from(PENALTY_FORMS)),
               calibration_rollouts=draw(st.integers(1, 6)), eps_guard=draw(st.sampled_from(["clamp", "off"])),
-              floor_rollouts=draw(st.integers(1, 4)), drift_guard=draw(st.sampled_from(["lift", "off"])),
+              floor_rollouts=draw(st.integers(1, 4)),
+              drift_guard=draw(st.sampled_from(["saturated", "persistent", "off"])),
               drift_window=draw(st.integers(2, 7)))
     c = st.one_of(st.floats(0.0, 0.1), st.floats(0.2, 0.6), st.none(), st.just(math.nan))
     return kw, draw(st.lists(c, max_size=40))
@@ -128,7 +129,7 @@ def test_trajectory_matches_loop_reference(case):
     expected = ref.lagrange_trajectory(
         c_bars, kw["lambda_0"], kw["eta"], kw["eps"], kw["lambda_max"], kw["penalty_form"],
         kw["calibration_rollouts"], 1.1, kw["eps_guard"], kw["floor_rollouts"],
-        kw["drift_window"] if kw["drift_guard"] == "lift" else None)
+        kw["drift_window"] if kw["drift_guard"] != "off" else None, kw["drift_guard"])
     assert got == expected
 
 
@@ -225,18 +226,28 @@ def test_drift_guard_frees_a_multiplier_pinned_by_a_drifting_floor(caplog, arch)
 
 
 def test_drift_guard_leaves_a_multiplier_that_is_bringing_the_violation_down():
-    ctrl = controller(eps=0.01, lambda_0=1.0, drift_window=6, eps_guard="off")
+    ctrl = controller(eps=0.01, lambda_0=1.0, drift_window=6, eps_guard="off", drift_guard="saturated")
     falling = [0.2, 0.15, 0.11, 0.08, 0.06, 0.04, 0.03, 0.025, 0.02, 0.018]  # lambda stays at 1.0 throughout
     trace = run(ctrl, falling)
     assert all(lam == 1.0 for lam, _ in trace) and ctrl.lifts == 0 and ctrl.eps == 0.01
 
 
 def test_drift_guard_lifts_eps_only_upwards_and_restarts_its_window():
-    ctrl = controller(eps=0.01, lambda_0=0.1, drift_window=4, eps_guard="off")
+    ctrl = controller(eps=0.01, lambda_0=0.1, drift_window=4, eps_guard="off", drift_guard="saturated")
     run(ctrl, [0.6] * 4)  # lambda 0.1 -> 0.69 -> 1.0: 3 updates at lambda_max
-    assert ctrl.lifts == 0 and ctrl.saturated == [0.6, 0.6, 0.6]
+    assert ctrl.lifts == 0 and ctrl.streak == [0.6, 0.6, 0.6]
     ctrl.update(0.6)
-    assert ctrl.lifts == 1 and ctrl.eps == pytest.approx(0.66) and ctrl.lam == 0.1 and ctrl.saturated == []
+    assert ctrl.lifts == 1 and ctrl.eps == pytest.approx(0.66) and ctrl.lam == 0.1 and ctrl.streak == []
+
+
+def test_persistent_drift_guard_lifts_before_lambda_saturates():
+    ctrl = controller(eps=0.01, lambda_0=0.1, eta=1.0, drift_window=4, eps_guard="off", drift_guard="persistent")
+    run(ctrl, [0.03, 0.04, 0.03])  # lambda rises by 0.02-0.03 a rollout: far from lambda_max
+    assert ctrl.lifts == 0 and ctrl.streak == [0.03, 0.04, 0.03] and ctrl.lam < 0.2
+    ctrl.update(0.05)
+    assert ctrl.lifts == 1 and ctrl.eps == pytest.approx(1.1 * 0.035) and ctrl.lam == 0.1
+    ctrl.update(0.02)  # below the lifted eps: lambda falls and no streak starts
+    assert ctrl.streak == [] and ctrl.lam < 0.1
 
 
 def test_cap_bounds_the_penalty_and_zero_advantage_sequences_can_be_spared():

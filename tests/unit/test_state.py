@@ -277,7 +277,7 @@ def test_a_version_2_file_resumes_with_the_drift_guard_window_empty(tmp_path):
         original.dcgrpo.update(c_bar)
     state = original.state_dict()
     old = copy.deepcopy(state)
-    del old["dcgrpo"]["saturated"], old["dcgrpo"]["lifts"]
+    del old["dcgrpo"]["streak"], old["dcgrpo"]["lifts"]
     store = StateStore(tmp_path)
     store.path(4).write_text(json.dumps({"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 4,
                                          "state": old}))
