@@ -90,6 +90,29 @@ class DCGRPOSettings:
     penalty_cap: float | Literal["none"] = 1.0
     zero_advantage: ZeroAdvantage = "skip"
 
+    HELP = {
+        "enabled": "shape GRPO advantages by the discrepancy penalty and run dual ascent on lambda",
+        "signal": "token discrepancy c: prob_diff |p_train - p_rollout| (paper), log_diff, ratio_diff, k3",
+        "penalty_form": "lagrangian A - lambda c (paper), centered, hinge, fixed (Dual-GRPO: lambda_0, no update)",
+        "aggregation": "C_bar over the batch: seq_mean (mean of per-sequence means) or token_mean",
+        "lambda_0": "initial multiplier (architecture default)",
+        "eta": "dual step size: lambda += eta (C_bar - eps) each rollout (architecture default)",
+        "eps": "discrepancy budget (architecture default) or auto (1.1 x median C_bar of the first rollouts)",
+        "lambda_max": "upper clip of lambda [ours]",
+        "calibration_rollouts": "rollouts measured by eps: auto, with lambda 0 [ours]",
+        "eps_auto_factor": "eps = factor x median C_bar (eps: auto, the floor guard, the drift guard) [ours]",
+        "eps_guard": "clamp: raise eps to 1.1 x the engine's floor when it is below it; off: the paper [ours]",
+        "floor_rollouts": "rollouts whose median C_bar is the floor the eps guard checks [ours]",
+        "drift_guard": "lift eps to the drifted floor when a streak of pressing updates does not halve the violation: "
+                       "persistent (C_bar > eps every update), saturated (lambda at lambda_max), off (paper) [ours]",
+        "drift_window": "length W of the drift guard's streak, in rollouts [ours]",
+        "penalty_cap": "largest mean|penalty| / mean|A| over trained tokens (lowers the shaping lambda); none: the "
+                       "paper [ours]",
+        "zero_advantage": "skip: no penalty on sequences whose advantage is 0 (groups with equal rewards); penalise: "
+                          "the paper [ours]",
+    }
+    """One line per key: what it does, and which value is the paper's (``mismatch-ctrl check-config`` prints it)."""
+
     @property
     def cap(self) -> float | None:
         """``penalty_cap`` as a number, None without a cap."""

@@ -279,3 +279,10 @@ def test_cap_bounds_the_penalty_and_zero_advantage_sequences_can_be_spared():
 def test_new_settings_are_validated(key, value, message):
     problems = dict(DCGRPOSettings(**{key: value}).problems())
     assert message in problems[key]
+
+
+def test_every_dcgrpo_key_is_explained():
+    import dataclasses
+
+    assert set(DCGRPOSettings.HELP) == {f.name for f in dataclasses.fields(DCGRPOSettings)}
+    assert all("[ours]" in DCGRPOSettings.HELP[k] for k in ("drift_guard", "penalty_cap", "zero_advantage"))
