@@ -24,6 +24,8 @@ def _check_config(ns: argparse.Namespace) -> int:
         print(json.dumps(config.as_dict(), indent=1))
     else:
         print(f"{ns.path}: OK (method {config.name!r}, architecture {config.architecture or 'unresolved'})")
+        if config.dcgrpo.enabled:
+            print("dcgrpo:\n" + "\n".join(f"  {line}" for line in config.dcgrpo.explain()))
     return 0
 
 

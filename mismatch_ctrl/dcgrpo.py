@@ -40,6 +40,8 @@ Safeties for a floor that drifts [ours; issue 17, ALGORITHMS.md section 2]. The 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import statistics
@@ -112,6 +114,12 @@ class DCGRPOSettings:
                           "the paper [ours]",
     }
     """One line per key: what it does, and which value is the paper's (``mismatch-ctrl check-config`` prints it)."""
+
+    def explain(self) -> list[str]:
+        """``key: value  # what it does`` for every key (``mismatch-ctrl check-config``)."""
+        pairs = [f"{f.name}: {json.dumps(getattr(self, f.name))}" for f in dataclasses.fields(self)]
+        width = max(map(len, pairs))
+        return [f"{pair:<{width}}  # {self.HELP[f.name]}" for pair, f in zip(pairs, dataclasses.fields(self))]
 
     @property
     def cap(self) -> float | None:

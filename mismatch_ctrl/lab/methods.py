@@ -26,8 +26,8 @@ _TIGHT = {"eps": 1.0e-4, "lambda_max": 50.0, "eta": 10.0}
 _SAFETIES = ("drift_guard", "penalty_cap", "zero_advantage")
 
 
-def _dcgrpo(*safeties: Any) -> tuple[str, dict[str, Any]]:
-    return "dcgrpo", {"dcgrpo": dict(zip(_SAFETIES, safeties))}
+def _dcgrpo(*safeties: Any, **more: Any) -> tuple[str, dict[str, Any]]:
+    return "dcgrpo", {"dcgrpo": {**dict(zip(_SAFETIES, safeties)), **more}}
 
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -38,6 +38,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dcgrpo_cap025": _dcgrpo("saturated", 0.25, "skip"),
     "dcgrpo_cap005": _dcgrpo("saturated", 0.05, "skip"),
     "dcgrpo_persistent": _dcgrpo("persistent", 1.0, "skip"),
+    "dcgrpo_centered_persistent": _dcgrpo("persistent", 1.0, "skip", penalty_form="centered"),
     "dcgrpo_tight_noguard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "off"}}),
     "dcgrpo_tight_guard": ("dcgrpo", {"dcgrpo": {**_TIGHT, "eps_guard": "clamp"}}),
     "dcgrpo_centered": ("dcgrpo", {"dcgrpo": {"penalty_form": "centered"}}),

@@ -36,6 +36,17 @@ def test_json_prints_every_resolved_setting(capsys):
     assert resolved["correction"]["is_level"] is None
 
 
+def test_dcgrpo_keys_are_explained_with_their_resolved_values(capsys):
+    assert main(["check-config", str(METHODS / "dcgrpo.yaml"), "--arch", "moe"]) == 0
+    out = capsys.readouterr().out
+    for key in ("eps: 0.005", "drift_guard:", "drift_window: 10", "penalty_cap:", "zero_advantage:"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(key))
+        assert "  # " in line, line
+    assert main(["check-config", str(METHODS / "dcgrpo_paper.yaml"), "--arch", "moe"]) == 0
+    paper = capsys.readouterr().out
+    assert 'drift_guard: "off"' in paper and 'penalty_cap: "none"' in paper and 'zero_advantage: "penalise"' in paper
+
+
 def test_hf_config_option(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"num_experts": 0}))
     assert main(["check-config", str(METHODS / "dcgrpo.yaml"), "--hf-config", str(tmp_path)]) == 0
