@@ -87,7 +87,7 @@ class DCGRPOSettings:
     eps_auto_factor: float = 1.1
     eps_guard: Literal["clamp", "off"] = "clamp"
     floor_rollouts: int = 3
-    drift_guard: DriftGuard = "saturated"
+    drift_guard: DriftGuard = "persistent"
     drift_window: int = 10
     penalty_cap: float | Literal["none"] = 1.0
     zero_advantage: ZeroAdvantage = "skip"

@@ -56,7 +56,7 @@ def test_lambda_trajectory_is_the_controllers(run):
             assert got["lambda"] == pytest.approx(direct.shaping_lambda, rel=1e-4, abs=1e-9)
             assert got["eps"] == pytest.approx(direct.eps)
         direct.update(c)
-    expected = ref.lagrange_trajectory(c_bars, 0.2, 5.0, 0.004, 1.0, floor_window=2)
+    expected = ref.lagrange_trajectory(c_bars, 0.2, 5.0, 0.004, 1.0, floor_window=2, drift_window=10, drift="persistent")
     assert [x["lambda"] for x in replayed if x] == pytest.approx(
         [lam for (lam, _), c in zip(expected, c_bars) if c is not None], rel=1e-4, abs=1e-9)
     summary = result["dcgrpo_replay"]
@@ -79,7 +79,7 @@ def test_eps_auto_rule_and_its_spread(run):
     assert rec["eps_floor"] == pytest.approx(statistics.median(measured[:2]), rel=1e-4)
     assert rec["partial"] is False and rec["rollouts_measured"] == 11
     assert rec["arch_defaults"]["moe"]["eps"] == 0.005 and rec["arch_defaults"]["dense"]["eps"] == 0.0037
-    auto = ref.lagrange_trajectory(c_bars, 0.05, 1.0, "auto", 1.0, calibration=4)
+    auto = ref.lagrange_trajectory(c_bars, 0.05, 1.0, "auto", 1.0, calibration=4, drift_window=10, drift="persistent")
     assert [row["replay"]["auto"]["lambda"] for row in result["rollouts"] if row["replay"]["auto"]] == \
         pytest.approx([lam for (lam, _), c in zip(auto, c_bars) if c is not None], rel=1e-4, abs=1e-9)
     moe = next(x for x in rec["candidates"] if x["name"] == "moe default")

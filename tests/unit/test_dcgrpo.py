@@ -214,15 +214,17 @@ def test_drift_guard_frees_a_multiplier_pinned_by_a_drifting_floor(caplog, arch)
     values = arch_defaults(arch)["dcgrpo"]
     paper = controller(**values, drift_guard="off")
     guarded = controller(**values)
+    assert guarded.settings.drift_guard == "persistent"  # the default
     stream = ramp_then_plateau()
     with caplog.at_level(logging.WARNING, logger="mismatch_ctrl.dcgrpo"):
         paper_trace, guarded_trace = run(paper, stream), run(guarded, stream)
     plateau = slice(41, None)  # lambda after each plateau update
     assert all(lam == values["lambda_max"] for lam, _ in paper_trace[50:])  # the paper's form stays pinned
     assert guarded.lifts >= 1 and "drift guard" in caplog.text
-    assert sum(lam == values["lambda_max"] for lam, _ in guarded_trace[plateau]) < 15
-    assert guarded_trace[-1][0] == 0.0 and guarded.eps > 0.07  # eps lifted above the plateau, lambda relaxed
-    assert guarded.eps == pytest.approx(1.1 * 0.07, rel=0.05)
+    assert max(lam for lam, _ in guarded_trace) < 0.3 * values["lambda_max"]  # the persistent guard acts early
+    assert guarded_trace[-1][0] <= values["lambda_0"] and guarded.eps > 0.07  # eps above the plateau, lambda relaxed
+    assert all(b <= a for (a, _), (b, _) in zip(guarded_trace[plateau], guarded_trace[plateau][1:]))
+    assert guarded.eps <= 1.1 * 0.07 + 1e-12  # never above 1.1 x the highest floor it saw
 
 
 def test_drift_guard_leaves_a_multiplier_that_is_bringing_the_violation_down():
