@@ -19,14 +19,15 @@ from typing import NoReturn, Sequence
 from ..errors import ConfigError
 from ..formatting import clip
 from ..slime.names import TRACKER
-from .command import format_command, job_env, nvls_enable, submit_command
+from .command import format_command, job_env, nvls_enable, submit_command, train_args
 from .layout import Layout, engine_problems, trainer_problems
 from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
 from .prepare import Preparation, PrepareFailed
+from .profiles import checkpoint_kind_problems
 from .preflight import (IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems, path_problems,
                         ray_problems)
-from .settings import Settings, usage
+from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -119,6 +120,20 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
     return "", [f"METHOD_CONFIG={config} is invalid: {clip(output, 2000)}"], []
 
 
+def duplicate_flag_problems(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[str]:
+    """Arguments after ``--`` that repeat a flag the launcher already passes to train.py: argparse would take the
+    last silently (and for some flags append), so they are refused, naming the variable that sets the flag."""
+    own = {word for word in train_args(s, model, []) if word.startswith("--")}
+    out = []
+    for word in extra:
+        flag = word.partition("=")[0]
+        if flag in own:
+            variables = setting_of_flag(flag)
+            via = f"set {' or '.join(variables)} instead" if variables else "the launcher sets it (see --dry-run)"
+            out.append(f"{flag} after -- duplicates a flag the launcher passes to train.py: {via}")
+    return out
+
+
 def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
     """The shape the engine rules check: the FP8 checkpoint's when its config.json reads, else the profile's."""
     if fp8.shape is not None:
@@ -166,6 +181,8 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
 
     errors = s.problems()
     fp8 = inspect_checkpoint(s["FP8_HF_DIR"], "fp8", "FP8_HF_DIR", model)
+    if not errors:
+        errors += checkpoint_kind_problems(fp8, "FP8_HF_DIR", model, s["MODEL"], s.flag("ALLOW_MODEL_SHAPE_MISMATCH"))
     shape, source = engine_shape(s, fp8)
     layout = None
     if not errors:
@@ -175,7 +192,7 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             errors.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} does not exist (or set EVAL_INTERVAL=0 to train without "
                           "evaluation)")
     method_summary, method_errors, deferred = method_check(s, model, user.dry_run)
-    errors += method_errors
+    errors += method_errors + duplicate_flag_problems(s, model, user.extra)
     if errors:
         report.lines("configuration error", errors)
         return 2
@@ -201,7 +218,8 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
     report.note(f"engine layout checked on the model shape {source}")
     memory = estimate(shape, layout, max_tokens_per_gpu=s.int("MAX_TOKENS_PER_GPU"),
                       cpu_offload=s.flag("OPTIMIZER_CPU_OFFLOAD"),
-                      sglang_mem_fraction=float(s["SGLANG_MEM_FRACTION"]), gpu_memory_gb=float(s["GPU_MEMORY_GB"]))
+                      sglang_mem_fraction=float(s["SGLANG_MEM_FRACTION"]), gpu_memory_gb=float(s["GPU_MEMORY_GB"]),
+                      fp8_training=s["TRAIN_PRECISION"] == "fp8")
     for line in memory.lines():
         report.note(line)
     for line in memory.warnings():
@@ -218,8 +236,8 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         cluster += import_problems(s, IMPORT_TARGETS)
     host = host_memory_bytes()
     if host is not None and memory.host_per_node > host:
-        report.warn(f"the CPU Adam states need ~{memory.host_per_node / 1e9:.0f} GB of host RAM per node, this node "
-                    f"has {host / 1e9:.0f} GB")
+        report.warn(f"the run needs ~{memory.host_per_node / 1e9:.0f} GB of host RAM per node (pinned weights and CPU "
+                    f"Adam), this node has {host / 1e9:.0f} GB")
     if paths or cluster:
         report.lines("error", paths + cluster)
         report.die(1, "preflight failed; nothing was submitted")

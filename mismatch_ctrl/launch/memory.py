@@ -20,8 +20,14 @@ Per training GPU (slime forces Megatron's distributed optimizer; ``--accumulate-
         mlp = 3*I/TP (dense layers) or 2*k*(2*h + 3*I_e/ETP)/TP (MoE: k routed copies, x2 for routing imbalance)
     reserve     = 8 GB                                (CUDA context, NCCL, what SGLang keeps while offloaded)
 
-Host RAM per node with CPU Adam: 16 B * (N_dense + N_expert) / world * GPUS_PER_NODE (fp32 master copy and gradient
-copy, two moments; ``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``). SGLang per GPU: FP8 weights
+With FP8 training (``TRAIN_PRECISION=fp8``: Transformer Engine, blockwise e4m3) Transformer Engine also caches FP8
+copies of the weights, row- and column-wise: ``fp8_weight_cache = 2 B * P_gpu`` (SLIME.md section 8).
+
+Host RAM per node: slime's pinned CPU copy of every actor rank's parameters, ``2 B * P_gpu * GPUS_PER_NODE``
+(``TensorBackuper.backup("actor")``, ``slime/backends/megatron_utils/actor.py``, ``pin_memory=True``; one more copy per
+``--ref-load`` model when a KL term loads it, not in this recipe), plus with CPU Adam 16 B * (N_dense + N_expert) /
+world * GPUS_PER_NODE (fp32 master copy and gradient copy, two moments;
+``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``). SGLang per GPU: FP8 weights
 (N - embeddings)/TP_engine * 1 B + embeddings/TP_engine * 2 B inside ``SGLANG_MEM_FRACTION * GPU_MEMORY_GB``.
 """
 
@@ -34,6 +40,7 @@ from .model_shape import ModelShape
 
 GB = 1e9
 BYTES_WEIGHT, BYTES_GRAD, BYTES_ADAM_GPU, BYTES_ADAM_HOST = 2, 4, 12, 16
+BYTES_PINNED_COPY, BYTES_FP8_CACHE = 2, 2
 BYTES_LOGIT = 12
 MOE_IMBALANCE = 2
 RESERVE_GB = 8.0
@@ -73,7 +80,9 @@ class MemoryEstimate:
     layer: float
     logits: float
     reserve: float
-    host_per_node: float
+    fp8_weight_cache: float
+    host_pinned_per_node: float
+    host_adam_per_node: float
     rollout_weights: float
     rollout_static: float
     gpu_limit: float
@@ -84,19 +93,27 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+        return (self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+                + self.fp8_weight_cache)
+
+    @property
+    def host_per_node(self) -> float:
+        return self.host_pinned_per_node + self.host_adam_per_node
 
     def lines(self) -> list[str]:
         """Human-readable summary lines (GB = 1e9 bytes)."""
         def gb(x: float) -> str:
             return f"{x / GB:.1f}"
+        cache = f" + FP8 weight cache {gb(self.fp8_weight_cache)}" if self.fp8_weight_cache else ""
+        adam = (f" + CPU Adam {gb(self.host_adam_per_node)}" if self.host_adam_per_node else
+                " (Adam states stay on the GPUs: OPTIMIZER_CPU_OFFLOAD=0)")
         return [
             f"memory per training GPU ~{gb(self.total)} GB of {gb(self.gpu_limit)}: weights {gb(self.weights)} + "
             f"gradients {gb(self.gradients)} + optimizer {gb(self.optimizer)} + activations {gb(self.activations)} "
             f"(checkpoints {gb(self.checkpoints)}, one layer {gb(self.layer)}, logits {gb(self.logits)}) + reserve "
-            f"{gb(self.reserve)}; {self.params_per_gpu / 1e9:.2f}B parameters per GPU",
-            f"host RAM per node for CPU Adam ~{gb(self.host_per_node)} GB" if self.host_per_node else
-            "host RAM: Adam states stay on the GPUs (OPTIMIZER_CPU_OFFLOAD=0)",
+            f"{gb(self.reserve)}{cache}; {self.params_per_gpu / 1e9:.2f}B parameters per GPU",
+            f"host RAM per node ~{gb(self.host_per_node)} GB: slime's pinned copy of the actor weights "
+            f"{gb(self.host_pinned_per_node)}{adam}",
             f"SGLang per GPU: FP8 weights ~{gb(self.rollout_weights)} GB of a static pool of {gb(self.rollout_static)} "
             f"GB (KV cache ~{gb(max(self.rollout_static - self.rollout_weights, 0.0))} GB)",
         ]
@@ -115,7 +132,7 @@ class MemoryEstimate:
 
 
 def estimate(shape: ModelShape, layout: Layout, *, max_tokens_per_gpu: int, cpu_offload: bool,
-             sglang_mem_fraction: float, gpu_memory_gb: float) -> MemoryEstimate:
+             sglang_mem_fraction: float, gpu_memory_gb: float, fp8_training: bool = False) -> MemoryEstimate:
     """The terms of the module docstring for ``shape`` trained and served with ``layout``."""
     lo, n = layout, parameter_counts(shape)
     h, a, g, d = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
@@ -138,7 +155,9 @@ def estimate(shape: ModelShape, layout: Layout, *, max_tokens_per_gpu: int, cpu_
         layer=tokens * 4 * (h + 2 * (a + g) * d / lo.tp + mlp),
         logits=tokens * BYTES_LOGIT * shape.vocab_size / lo.tp,
         reserve=RESERVE_GB * GB,
-        host_per_node=BYTES_ADAM_HOST * shard * lo.gpus_per_node if cpu_offload else 0.0,
+        fp8_weight_cache=BYTES_FP8_CACHE * params if fp8_training else 0.0,
+        host_pinned_per_node=BYTES_PINNED_COPY * params * lo.gpus_per_node,
+        host_adam_per_node=BYTES_ADAM_HOST * shard * lo.gpus_per_node if cpu_offload else 0.0,
         rollout_weights=((n.total - n.embedding) * 1 + n.embedding * 2) / engine_tp,
         rollout_static=sglang_mem_fraction * gpu_memory_gb * GB,
         gpu_limit=gpu_memory_gb * GB,

@@ -9,7 +9,7 @@ touched, plus the expert count, KV heads and vocabulary. Dense or MoE is :mod:`m
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -188,10 +188,16 @@ def shape_mismatches(shape: ModelShape, megatron: MegatronModel) -> list[str]:
 
 @dataclass(frozen=True)
 class CheckpointReport:
-    """What a checkpoint's ``config.json`` says: its problems (one line each) and, if readable, its shape."""
+    """What a checkpoint's ``config.json`` says: its problems (one line each), if readable its shape, and the numbers
+    in which it differs from Megatron's model arguments (``mismatches``, one line each, naming the variable)."""
 
     problems: list[str]
     shape: ModelShape | None = None
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def all_problems(self) -> list[str]:
+        return self.problems + self.mismatches
 
 
 def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron: MegatronModel) -> CheckpointReport:
@@ -225,6 +231,6 @@ def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron
         shape = ModelShape.from_hf_config(config, str(config_path))
     except ConfigError as exc:
         return CheckpointReport([*problems, f"{variable}: {exc}"])
-    problems += [f"{variable}: {config_path} has {line}" for line in shape_mismatches(shape, megatron)]
-    return CheckpointReport(problems, shape)
+    mismatches = [f"{variable}: {config_path} has {line}" for line in shape_mismatches(shape, megatron)]
+    return CheckpointReport(problems, shape, mismatches)
 

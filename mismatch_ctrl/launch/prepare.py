@@ -63,7 +63,7 @@ class Preparation:
                            "otherwise remove it")
         if self.converts:
             if Path(s["MODEL_DIR"]).is_dir():
-                out += inspect_checkpoint(s["MODEL_DIR"], "bf16", "MODEL_DIR", self.model).problems
+                out += inspect_checkpoint(s["MODEL_DIR"], "bf16", "MODEL_DIR", self.model).all_problems
             else:
                 out.append(f"MODEL_DIR={s['MODEL_DIR']} does not exist; download the BF16 model there (e.g. hf "
                            f"download Qwen/{s.profile.hf_name} --local-dir {s['MODEL_DIR']})")
@@ -138,7 +138,7 @@ class Preparation:
             print(f"# [fp8] skip: FP8_HF_DIR={s['FP8_HF_DIR']} is {self.fp8}", flush=True)
 
     def _verify_fp8(self, directory: str) -> str:
-        return "; ".join(inspect_checkpoint(directory, "fp8", "FP8_HF_DIR", self.model).problems)
+        return "; ".join(inspect_checkpoint(directory, "fp8", "FP8_HF_DIR", self.model).all_problems)
 
 
 def _verify_torch_dist(directory: str) -> str:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model_shape import ModelShape
+from .model_shape import CheckpointReport, MegatronModel, ModelShape
 
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """Defaults of one model; every field but ``hf_name`` and ``shape`` is the default of a launcher setting."""
+    """Defaults of one model; every field but ``hf_name``, ``shape`` and ``launcher`` (the script that trains it with
+    DC-GRPO) is the default of a launcher setting."""
 
     hf_name: str
     shape: ModelShape
+    launcher: str
     tp: int
     ep: int
     rollout_gpus_per_engine: int
@@ -39,15 +41,37 @@ class ModelProfile:
 # slime's scripts/models/qwen3-30B-A3B.sh and qwen3-8B.sh (recipes/<model>/model.sh), which tests/launch checks.
 PROFILES: dict[str, ModelProfile] = {
     "qwen3_30b_a3b": ModelProfile(
-        hf_name="Qwen3-30B-A3B",
+        hf_name="Qwen3-30B-A3B", launcher="launch/qwen3_30b_dcgrpo.sh",
         shape=ModelShape(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
                          head_dim=128, intermediate_size=6144, vocab_size=151936, dense_layers=0, num_experts=128,
                          moe_intermediate_size=768, num_experts_per_tok=8, weight_block_size=(128, 128)),
         tp=2, ep=8, rollout_gpus_per_engine=4, rollout_ep=4, optimizer_cpu_offload=True, max_tokens_per_gpu=20480),
     "qwen3_8b": ModelProfile(
-        hf_name="Qwen3-8B",
+        hf_name="Qwen3-8B", launcher="launch/qwen3_8b_dcgrpo.sh",
         shape=ModelShape(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, intermediate_size=12288, vocab_size=151936, dense_layers=36,
                          weight_block_size=(128, 128)),
         tp=2, ep=1, rollout_gpus_per_engine=2, rollout_ep=1, optimizer_cpu_offload=False, max_tokens_per_gpu=16384),
 }
+
+
+def checkpoint_kind_problems(report: CheckpointReport, variable: str, megatron: MegatronModel, model: str,
+                             allow_mismatch: bool) -> list[str]:
+    """A checkpoint of the other kind (dense for a MoE model profile, MoE for a dense one) is always an error naming
+    the profiles and launchers of its kind; other differences from the model arguments (``report.mismatches``) are
+    errors unless ``allow_mismatch``."""
+    shape = report.shape
+    if shape is None:
+        return []
+    if shape.is_moe != megatron.is_moe:
+        kind = "MoE" if shape.is_moe else "dense"
+        fits = [f"MODEL={name} ({profile.launcher})" for name, profile in PROFILES.items()
+                if profile.shape.is_moe == shape.is_moe]
+        return [f"{variable}: the checkpoint is {kind} ({shape.num_experts} experts, {shape.num_hidden_layers} layers, "
+                f"hidden size {shape.hidden_size}) but MODEL={model} trains a {'MoE' if megatron.is_moe else 'dense'} "
+                f"model: point {variable} at the FP8 checkpoint of MODEL={model}, or train this checkpoint with a "
+                f"{kind} profile: {', '.join(fits) or 'none is shipped'}"]
+    if allow_mismatch:
+        return []
+    return [f"{line} (set ALLOW_MODEL_SHAPE_MISMATCH=1 if MODEL_ARGS_FILE is deliberately different)"
+            for line in report.mismatches]

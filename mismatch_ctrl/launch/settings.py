@@ -55,6 +55,9 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         S("MODEL_ARGS_FILE", lambda v, p: f"{v['REPO_ROOT']}/recipes/{v['MODEL']}/model.sh",
           "bash file defining the Megatron MODEL_ARGS array"),
         S("EVAL_CONFIG", lambda v, p: f"{v['REPO_ROOT']}/recipes/qwen3_30b_a3b/eval.yaml", "slime --eval-config file"),
+        S("ALLOW_MODEL_SHAPE_MISMATCH", _fixed(0), "1: accept an FP8_HF_DIR config.json whose numbers differ from "
+          "MODEL_ARGS_FILE (layers, hidden size, heads, experts, ...); a checkpoint of the other kind (dense / MoE) is "
+          "refused regardless"),
     )),
     ("Paths on the cluster", (
         S("SLIME_DIR", _fixed("/root/slime"), "slime checkout (train.py, tools/)"),
@@ -133,7 +136,9 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
 POSITIVE_INTEGERS = ("NUM_NODES", "GPUS_PER_NODE", "TP", "PP", "CP", "EP", "ETP", "ROLLOUT_GPUS_PER_ENGINE",
                      "ROLLOUT_EP", "NUM_ROLLOUT", "ROLLOUT_BATCH_SIZE", "N_SAMPLES_PER_PROMPT", "GLOBAL_BATCH_SIZE",
                      "MAX_RESPONSE_LEN", "MAX_TOKENS_PER_GPU", "SAVE_INTERVAL", "FP8_CONVERT_WORKERS")
-FLAGS = ("OPTIMIZER_CPU_OFFLOAD", "SKIP_EVAL_BEFORE_TRAIN", "ROUTING_REPLAY")
+FLAGS = ("OPTIMIZER_CPU_OFFLOAD", "SKIP_EVAL_BEFORE_TRAIN", "ROUTING_REPLAY", "ALLOW_MODEL_SHAPE_MISMATCH")
+POSITIVE_NUMBERS = {"LR": "1e-6", "ROLLOUT_TEMPERATURE": "1.0", "EPS_CLIP": "0.2", "EPS_CLIP_HIGH": "0.28"}
+"""Settings that must be finite numbers > 0, with an example each."""
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -187,12 +192,11 @@ class Settings:
             out.append(f"NCCL_NVLS_ENABLE={self['NCCL_NVLS_ENABLE']} must be 0, 1 or auto")
         if self["TRAIN_PRECISION"] not in PRECISIONS:
             out.append(f"TRAIN_PRECISION={self['TRAIN_PRECISION']} must be one of {', '.join(PRECISIONS)}")
+        for name, example in POSITIVE_NUMBERS.items():
+            if not 0 < _number(self[name]) < float("inf"):
+                out.append(f"{name}={self[name]} must be a finite number > 0, e.g. {name}={example}")
         for name, low, high in (("SGLANG_MEM_FRACTION", 0.0, 1.0), ("GPU_MEMORY_GB", 0.0, float("inf"))):
-            try:
-                ok = low < float(self[name]) < high
-            except ValueError:
-                ok = False
-            if not ok:
+            if not low < _number(self[name]) < high:
                 out.append(f"{name}={self[name]} must be a number in ({low:g}, {high:g})")
         for name in self.pass_env:
             if not _NAME.fullmatch(name):
@@ -200,6 +204,20 @@ class Settings:
             elif name not in self.environ:
                 out.append(f"PASS_ENV names {name}, which is not set in this environment")
         return out
+
+
+def _number(text: str) -> float:
+    """``text`` as a float; NaN when it is not a number (NaN fails every range check)."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def setting_of_flag(flag: str) -> list[str]:
+    """The settings whose documentation names ``flag`` (e.g. ``--lr`` -> LR), as ``--help`` lists them."""
+    pattern = re.compile(re.escape(flag) + r"(?![\w-])")
+    return [setting.name for _, section in SECTIONS for setting in section if pattern.search(setting.doc)]
 
 
 def usage(launcher: str, settings: Settings) -> str:

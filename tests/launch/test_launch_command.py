@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_harness import (HOOKS, KNOWN_TRAIN_FLAGS, LAUNCHERS, MODELS, REPO, Sandbox, contains_run, model_args,
+from launch_harness import (HF_CONFIGS, HOOKS, KNOWN_TRAIN_FLAGS, LAUNCHERS, MODELS, REPO, Sandbox, contains_run, model_args,
                             options, ray_option, split_submit)
 
 # slime 624b824a loss.py vanilla_tis_function: clamp(exp(old - rollout), tis_clip_low=0, tis_clip=2); the token_tis
@@ -159,16 +159,56 @@ def test_dry_run_on_a_laptop_warns_about_every_missing_path(sandbox: Sandbox) ->
     assert not sandbox.calls("ray")
 
 
-def test_dry_run_warns_about_an_fp8_dir_of_the_wrong_kind(sandbox: Sandbox) -> None:
+def test_dry_run_refuses_an_fp8_dir_whose_shape_differs_unless_allowed(sandbox: Sandbox) -> None:
     cluster = sandbox.make_cluster(fp8_quantized=False)
     config = Path(cluster["FP8_HF_DIR"]) / "config.json"
     config.write_text(config.read_text().replace('"num_hidden_layers": 48', '"num_hidden_layers": 36'))
-    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    refused = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert any("configuration error" in line and "num_hidden_layers 36, MODEL_ARGS_FILE says 48" in line
+               and "ALLOW_MODEL_SHAPE_MISMATCH=1" in line for line in refused.stderr.splitlines()), refused.stderr
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={**cluster, "ALLOW_MODEL_SHAPE_MISMATCH": "1"})
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert any("FP8_HF_DIR" in line and "no quantization_config" in line and "[128, 128]" in line
                for line in warnings), result.stderr
-    assert any("num_hidden_layers 36, MODEL_ARGS_FILE says 48" in line for line in warnings), result.stderr
+    assert "MODEL_ARGS_FILE says 48" not in result.stderr
+
+
+@pytest.mark.parametrize("launcher, checkpoint, kind, fits", [
+    ("qwen3_30b_dcgrpo.sh", "qwen3_8b", "dense", "MODEL=qwen3_8b (launch/qwen3_8b_dcgrpo.sh)"),
+    ("qwen3_8b_dcgrpo.sh", "qwen3_30b_a3b", "MoE", "MODEL=qwen3_30b_a3b (launch/qwen3_30b_dcgrpo.sh)")])
+def test_a_checkpoint_of_the_other_kind_is_refused_with_the_launcher_to_use(sandbox: Sandbox, launcher, checkpoint,
+                                                                            kind, fits) -> None:
+    cluster = sandbox.make_cluster()
+    (Path(cluster["FP8_HF_DIR"]) / "config.json").write_text(json.dumps(
+        {**HF_CONFIGS[checkpoint], "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
+    for allow in ("0", "1"):  # the override covers differing numbers, never the other kind of model
+        result = sandbox.run(launcher, "--dry-run", env={**cluster, "ALLOW_MODEL_SHAPE_MISMATCH": allow})
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        errors = [line for line in result.stderr.splitlines() if "configuration error" in line]
+        assert len(errors) == 1 and f"the checkpoint is {kind}" in errors[0] and fits in errors[0], result.stderr
+        assert "ROLLOUT_EP" not in result.stderr  # no advice that would make the wrong checkpoint pass
+
+
+@pytest.mark.parametrize("name, value", [("LR", "abc"), ("ROLLOUT_TEMPERATURE", "hot"), ("EPS_CLIP", "foo"),
+                                         ("EPS_CLIP_HIGH", "-0.1"), ("LR", "nan"), ("ROLLOUT_TEMPERATURE", "0")])
+def test_numeric_settings_are_validated_before_any_command(sandbox: Sandbox, name, value) -> None:
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={name: value})
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"configuration error: {name}={value} must be a finite number > 0" in result.stderr
+
+
+@pytest.mark.parametrize("extra, variable", [(["--lr", "1e-5"], "LR"), (["--rollout-temperature=0.7"],
+                                                                       "ROLLOUT_TEMPERATURE"),
+                                             (["--num-rollout", "9"], "NUM_ROLLOUT")])
+def test_arguments_after_the_separator_may_not_repeat_the_launchers_flags(sandbox: Sandbox, extra, variable) -> None:
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", "--", *extra)
+    assert result.returncode == 2 and result.stdout == ""
+    flag = extra[0].partition("=")[0]
+    assert f"{flag} after -- duplicates a flag the launcher passes to train.py: set {variable} instead" in result.stderr
+    ok = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", "--", "--seed", "7")
+    assert ok.returncode == 0 and ok.command()[-2:] == ["--seed", "7"]
 
 
 def test_dry_run_warns_about_a_wrong_block_size(sandbox: Sandbox) -> None:
@@ -234,7 +274,7 @@ def test_engine_rules_read_the_fp8_checkpoint(sandbox: Sandbox) -> None:
     assert f"engine layout checked on the model shape FP8_HF_DIR={cluster['FP8_HF_DIR']}/config.json" in ok.stderr
     # A checkpoint whose experts are 704 wide (5.5 blocks): no EP of a 4-GPU engine loads it, whatever the profile says.
     config.write_text(config.read_text().replace('"moe_intermediate_size": 768', '"moe_intermediate_size": 704'))
-    bad = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    bad = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={**cluster, "ALLOW_MODEL_SHAPE_MISMATCH": "1"})
     assert bad.returncode == 2 and bad.stdout == ""
     assert any("moe_intermediate_size 704 is split over moe_tp = 4 / 4 = 1 into shards of 704" in line
                and "no ROLLOUT_EP works with this engine size" in line
@@ -256,7 +296,8 @@ def test_dry_run_prints_the_memory_estimate(sandbox: Sandbox) -> None:
     result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "memory per training GPU ~59.8 GB of 80.0" in result.stderr  # tests/launch/test_launch_core.py by hand
-    assert "host RAM per node for CPU Adam ~488.5 GB" in result.stderr
+    assert "host RAM per node ~558.8 GB: slime's pinned copy of the actor weights 70.3 + CPU Adam 488.5" in \
+        result.stderr
     assert "exceeds GPU_MEMORY_GB" not in result.stderr
     on_gpu = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={"OPTIMIZER_CPU_OFFLOAD": "0"})
     assert on_gpu.returncode == 0  # an estimate warns, it does not refuse

@@ -194,7 +194,10 @@ def test_memory_estimate_of_the_30b_profile_by_hand() -> None:
     assert result.weights == pytest.approx(2 * per_gpu)
     assert result.gradients == pytest.approx(4 * per_gpu)
     assert result.optimizer == 0
-    assert result.host_per_node == pytest.approx(16 * counts.total)  # one node holds all 8 shards
+    # One node holds all 8 shards: CPU Adam 16 B per parameter, plus slime's pinned BF16 copy of each rank's shard.
+    assert result.host_adam_per_node == pytest.approx(16 * counts.total)
+    assert result.host_pinned_per_node == pytest.approx(2 * per_gpu * 8)
+    assert 540 * GB < result.host_per_node < 570 * GB and result.fp8_weight_cache == 0  # "about 550 GB per node"
     assert result.checkpoints == pytest.approx(20480 * 48 * 2048 * 2 / 2)
     routed = 2 * 8 * (2 * 2048 + 3 * 768)  # imbalance 2 x top-8 x (dispatch in/out + fc1 + act)
     assert result.layer == pytest.approx(20480 * 4 * (2048 + 2 * (32 + 4) * 128 / 2 + routed / 2))
@@ -207,6 +210,9 @@ def test_memory_estimate_of_the_30b_profile_by_hand() -> None:
                       sglang_mem_fraction=0.7, gpu_memory_gb=80)
     assert on_gpu.optimizer == pytest.approx(12 * counts.total / 8)
     assert on_gpu.total > 80 * GB and "OPTIMIZER_CPU_OFFLOAD=1" in on_gpu.warnings()[0]
+    fp8 = estimate(SHAPE_30B, profile_layout("qwen3_30b_a3b"), max_tokens_per_gpu=20480, cpu_offload=True,
+                   sglang_mem_fraction=0.7, gpu_memory_gb=80, fp8_training=True)
+    assert fp8.total - result.total == pytest.approx(fp8.fp8_weight_cache) == pytest.approx(2 * per_gpu)
     # SGLang TP4: FP8 bytes for all but the BF16 embeddings and output layer.
     assert result.rollout_weights == pytest.approx((counts.total - counts.embedding + 2 * counts.embedding) / 4)
 
@@ -215,7 +221,9 @@ def test_memory_estimate_of_the_8b_profile_fits() -> None:
     result = estimate(SHAPE_8B, profile_layout("qwen3_8b"), max_tokens_per_gpu=16384, cpu_offload=False,
                       sglang_mem_fraction=0.7, gpu_memory_gb=80)
     assert result.optimizer == pytest.approx(12 * parameter_counts(SHAPE_8B).total / 8)
-    assert result.total < 80 * GB and result.host_per_node == 0
+    per_gpu = parameter_counts(SHAPE_8B).total / 2  # dense, TP2
+    assert result.total < 80 * GB and result.host_adam_per_node == 0
+    assert result.host_per_node == pytest.approx(2 * per_gpu * 8)  # the pinned copy only
 
 
 # -- settings and command ------------------------------------------------------------------------------------------
