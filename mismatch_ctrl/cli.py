@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -13,17 +14,27 @@ from .errors import ConfigError
 
 
 def _check_config(ns: argparse.Namespace) -> int:
+    """Validate for the architecture given, else for each one (the YAML may set it): what resolves, per key."""
     from .config import load_config
 
+    given = ns.arch is not None or ns.num_experts is not None or ns.hf_config is not None
     try:
-        config = load_config(ns.path, architecture=ns.arch, num_experts=ns.num_experts, hf_config=ns.hf_config)
+        configs = ([load_config(ns.path, architecture=ns.arch, num_experts=ns.num_experts, hf_config=ns.hf_config)]
+                   if given else [load_config(ns.path, architecture=arch) for arch in ("dense", "moe")])
     except ConfigError as exc:
         print(f"mismatch-ctrl check-config: {exc}", file=sys.stderr)
         return 2
+    if not given and configs[0] == configs[1]:
+        configs = configs[:1]  # the YAML sets its architecture
+    elif not given and not configs[0].dcgrpo.enabled:
+        configs = [dataclasses.replace(configs[0], architecture=None)]  # only DC-GRPO's defaults depend on it
     if ns.json:
-        print(json.dumps(config.as_dict(), indent=1))
-    else:
-        print(f"{ns.path}: OK (method {config.name!r}, architecture {config.architecture or 'unresolved'})")
+        print(json.dumps(configs[0].as_dict() if given else {c.architecture or "any": c.as_dict() for c in configs},
+                         indent=1))
+        return 0
+    for config in configs:
+        where = "" if given or len(configs) == 1 else " (no --arch / --num-experts / --hf-config: each architecture)"
+        print(f"{ns.path}: OK (method {config.name!r}, architecture {config.architecture or 'any'}){where}")
         if config.dcgrpo.enabled:
             print("dcgrpo:\n" + "\n".join(f"  {line}" for line in config.dcgrpo.explain()))
     return 0
@@ -132,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mismatch-ctrl",
         description="Control the training-inference mismatch of RL with FP8 rollouts (DC-GRPO, rollout correction, "
                     "length-triggered LR decay).")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"mismatch-ctrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     check = sub.add_parser("check-config", help="validate a method YAML (the file given to --custom-config-path)",
@@ -233,7 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help()
+        return 2
+    ns = parser.parse_args(argv)
     try:
         return ns.run(ns)
     except BrokenPipeError:  # the reader of standard output went away (`analyze --json - | head`): stop quietly

@@ -133,7 +133,21 @@ def load_config(path: str | Path, **resolve: Any) -> Config:
     if not isinstance(document, dict) or ROOT_KEY not in document:
         raise ConfigError(f"{path}: no top-level '{ROOT_KEY}:' key; mismatch_ctrl reads only that key "
                           f"(see configs/methods/ for examples)")
-    return build_config(document[ROOT_KEY], **resolve)
+    siblings = [str(key) for key in document if key != ROOT_KEY and str(key) in TOP_LEVEL_KEYS]
+    return build_config(required_section(document[ROOT_KEY], f"{path}: ", siblings), **resolve)
+
+
+def required_section(section: Any, where: str = "", siblings: list[str] | None = None) -> Mapping[str, Any]:
+    """The ``mismatch_ctrl`` section as slime hands it to the hooks (``args.mismatch_ctrl``): a non-empty mapping.
+    check-config and ``on_megatron_init`` both check it here, so they refuse the same files."""
+    if section is None or (isinstance(section, Mapping) and not section):
+        hint = (f" The keys {', '.join(siblings)} are at the top level: indent them under '{ROOT_KEY}:'."
+                if siblings else f" Give at least its name, e.g. '{ROOT_KEY}:\\n  name: grpo'.")
+        raise ConfigError(f"{where}'{ROOT_KEY}:' is empty: mismatch_ctrl would run with no method.{hint}")
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where}{ROOT_KEY}: expected a mapping of settings (name, dcgrpo, correction, ...), got "
+                          f"{type(section).__name__} {brief(section)}")
+    return section
 
 
 def build_config(section: Mapping[str, Any] | None, *, architecture: str | None = None,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, build_config
+from ..config import Config, build_config, required_section
 from ..controllers import ControllerSet
 from ..errors import ConfigError, StateError
 from ..formatting import brief
@@ -71,7 +71,7 @@ def _create(args: Any) -> Runtime:
     if section is None:
         raise ConfigError("args has no 'mismatch_ctrl' settings: pass a YAML with a top-level 'mismatch_ctrl:' key "
                           "with --custom-config-path, e.g. configs/methods/dcgrpo.yaml")
-    config = build_config(section, **architecture_source(args))
+    config = build_config(required_section(section, "args.mismatch_ctrl: "), **architecture_source(args))
     check_slime_args(args, config)
     controllers, next_rollout = _resume(args, config)
     save = getattr(args, "save", None)

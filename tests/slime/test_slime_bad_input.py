@@ -205,3 +205,36 @@ def test_full_length_tensors_under_context_parallelism(runs, world):
         assert f"sample {k}: log_probs" in message and f"has {full} tokens" in message
         assert f"response has {local[k]}" in message and "context-parallel" in message
         assert f"{result['local_tokens']}" in result["tis_error"] and "pg_loss" in result["tis_error"]
+
+
+YAML_SHAPES = {
+    "empty section": "mismatch_ctrl:\n",
+    "empty mapping": "mismatch_ctrl: {}\n",
+    "lost indentation": "mismatch_ctrl:\nname: dcgrpo\ndcgrpo:\n  enabled: true\n",
+    "a list": "mismatch_ctrl:\n  - name: grpo\n",
+    "a string": "mismatch_ctrl: dcgrpo\n",
+    "valid": "mismatch_ctrl:\n  name: grpo\n",
+    "valid dcgrpo": "mismatch_ctrl:\n  name: dcgrpo\n  dcgrpo:\n    enabled: true\n",
+    "unknown key": "mismatch_ctrl:\n  name: grpo\n  dcgrpoo: {}\n",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(YAML_SHAPES))
+def test_check_config_and_the_init_hook_refuse_the_same_yaml_shapes(tmp_path, shape, capsys):
+    """slime merges every top-level key of --custom-config-path into args; whatever on_megatron_init refuses,
+    check-config refuses first, and the other way round."""
+    import yaml
+
+    from mismatch_ctrl.cli import main
+
+    path = tmp_path / "method.yaml"
+    path.write_text(YAML_SHAPES[shape])
+    checked = main(["check-config", str(path), "--num-experts", "128"])
+    args = make_args(None, **yaml.safe_load(path.read_text()))
+    try:
+        hooks.on_megatron_init(args)
+        refused = False
+    except ConfigError:
+        refused = True
+    assert (checked == 2) == refused, capsys.readouterr().err
+    assert refused == (not shape.startswith("valid"))

@@ -53,9 +53,23 @@ def test_hf_config_option(tmp_path, capsys):
     assert "architecture dense" in capsys.readouterr().out
 
 
-def test_unresolved_architecture_is_an_error(capsys):
-    assert main(["check-config", str(METHODS / "dcgrpo.yaml")]) == 2
-    assert "mismatch_ctrl.architecture" in capsys.readouterr().err
+def test_without_an_architecture_each_one_is_checked_and_reported(capsys):
+    assert main(["check-config", str(METHODS / "dcgrpo.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "architecture dense" in out and "architecture moe" in out
+    assert "eps: 0.0037" in out and "eps: 0.005 " in out  # the dense and the MoE default
+    assert main(["check-config", str(METHODS / "grpo.yaml")]) == 0
+    assert capsys.readouterr().out.count(": OK") == 1  # nothing in it depends on the architecture
+
+
+def test_version_and_help_without_arguments(capsys):
+    import mismatch_ctrl
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"mismatch-ctrl {mismatch_ctrl.__version__}"
+    assert main([]) == 2
+    assert "usage: mismatch-ctrl" in capsys.readouterr().out
 
 
 def test_missing_file(tmp_path, capsys):
