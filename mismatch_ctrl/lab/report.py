@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..formatting import fmt
-from .aggregate import Spread, aggregate, compare, paired, sign
+from .aggregate import Spread, aggregate
+from .frontier import GAPS, VERSUS, frontier, frontier_json, versus_grpo, write_frontier_plot
 from .trainer import LAYER_FLIPS
 
 DCGRPO_KEY = "lambda_next"
@@ -22,10 +23,6 @@ AGGREGATED = ("initial_acc_engine", "final_acc_engine", "late_acc_engine", "acc_
               "discrepancy_mean", "discrepancy_first", "discrepancy_last", "discrepancy_max", "routing_flip_fraction",
               "discrepancy_flipped", "discrepancy_unflipped", "seconds_per_step")
 """Run-summary quantities aggregated over seeds."""
-
-COMPARED = (("late_acc_engine", "late engine accuracy"), ("late_reward", "late reward"),
-            ("discrepancy_last", "late discrepancy"))
-"""Quantities the report compares between each run and the GRPO baseline of its engine."""
 
 INTERVAL = "95% t interval of the mean over seeds"
 
@@ -80,42 +77,12 @@ def aggregate_runs(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return out
 
 
-def baseline_label(entry: dict[str, Any], labels: list[str]) -> str | None:
-    """The GRPO run on the same engine without replay, if it was run."""
-    label = f"grpo@{entry['quant']}"
-    return label if label in labels else None
-
-
 def _cell(s: Spread | None, digits: int = 3) -> str:
     if s is None:
         return "-"
     if s.low is None:
         return fmt(s.mean, digits)
     return f"{fmt(s.mean, digits)} [{fmt(s.low, digits)}, {fmt(s.high, digits)}]"
-
-
-def comparisons(aggregated: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every run against the GRPO run of its engine, and ``grpo@QUANT`` against ``grpo@none``, in each ``COMPARED``
-    quantity: the ``Spread`` of the paired per-seed differences (run - reference), its ``sign`` (+1 / -1: the
-    interval lies above / below 0) and ``separated`` (``compare`` of the two runs' own intervals)."""
-    labels = list(aggregated)
-    out = []
-    for label, entry in aggregated.items():
-        references = []
-        base = baseline_label(entry, labels)
-        if base is not None and base != label:
-            references.append(base)
-        if entry["method"] == "grpo" and entry["quant"] != "none" and not entry["replay"] and "grpo@none" in labels:
-            references.append("grpo@none")
-        for reference in references:
-            other = aggregated[reference]
-            for key, _ in COMPARED:
-                difference = paired(entry["by_seed"][key], other["by_seed"][key])
-                if difference is not None:
-                    out.append({"run": label, "reference": reference, "quantity": key, "difference": difference,
-                                "sign": sign(difference),
-                                "separated": compare(entry["spreads"][key], other["spreads"][key])})
-    return out
 
 
 def _series(records: list[dict[str, Any]], key: str, window: int) -> tuple[list[float], list[float]]:
@@ -276,11 +243,94 @@ def _per_run_plot(plt: Any, runs: Runs, styles: dict[str, dict[str, Any]], out_d
     return path
 
 
+def _verdict(difference: Spread | None, direction: int) -> str:
+    """A table cell: mean [interval] (n), with **higher** / **lower** where the interval excludes 0."""
+    if difference is None:
+        return "-"
+    mark = {1: " **higher**", -1: " **lower**", 0: ""}[direction]
+    return f"{_cell(difference)} ({difference.n}){mark}"
+
+
+def _frontier_lines(found: dict[str, Any] | None) -> list[str]:
+    """The frontier table of ``report.md`` (nothing with fewer than two engines)."""
+    if found is None:
+        return []
+    lines = ["", "## Frontier: each engine against the exact engine", "",
+             f"Engines ordered by their measured mismatch, the {found['mismatch']}, mean over the engine's runs "
+             "without R3 and their seeds. Gaps: run - exact-engine run (`grpo@none`, else the method's own `@none`), "
+             "paired per seed: mean [95% t interval] (n seeds); **higher** / **lower** where the interval excludes 0. "
+             "Plot: `plots/frontier.png`.", "",
+             "| run | engine | early C_bar of the engine | exact-engine run | "
+             + " | ".join(f"{name} gap" for _, name in GAPS) + " | collapsed |",
+             "|---|---|---|---|" + "---|" * len(GAPS) + "---|"]
+    for p in found["points"]:
+        gaps = [_verdict(p["gaps"][key], p["signs"][key]) for key, _ in GAPS]
+        lines.append(f"| `{p['label']}` | {p['dose']} | {fmt(found['doses'][p['dose']].mean, 3)} | "
+                     f"{'`' + p['reference'] + '`' if p['reference'] else '-'} | " + " | ".join(gaps)
+                     + f" | {p['collapses']}/{p['seeds']} |")
+    return lines
+
+
+CONTROLLER_COLUMNS = ("eps_start", "eps_end", "lambda_start", "lambda_peak", "lambda_end", "penalty_share",
+                      "routing_flip_fraction")
+
+
+def controller_row(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """One run's controller state from its ``metrics.jsonl`` records: DC-GRPO's eps at the first and last rollout,
+    lambda at the start, its peak and its end (the multiplier after the last update, ``lambda_next``), the mean
+    ``penalty_share`` (|lambda c| / |A|) and the mean share of tokens whose routing flipped; None where not logged."""
+
+    def values(key: str) -> list[float]:
+        return [r[key] for r in records if r.get(key) is not None]
+
+    eps, lam, share, flips = values("eps"), values("lambda"), values("penalty_share"), values("routing_flip_fraction")
+    lam_end = values("lambda_next")[-1:] or lam[-1:]
+    return {"eps_start": eps[0] if eps else None, "eps_end": eps[-1] if eps else None,
+            "lambda_start": lam[0] if lam else None, "lambda_peak": max(lam + lam_end) if lam else None,
+            "lambda_end": lam_end[0] if lam_end else None,
+            "penalty_share": sum(share) / len(share) if share else None,
+            "routing_flip_fraction": sum(flips) / len(flips) if flips else None}
+
+
+def controller_rows(summaries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
+    """``controller_row`` of every run whose ``OUT/<label>/seed<k>/metrics.jsonl`` exists, with label and seed."""
+    out = []
+    for s in summaries:
+        path = out_dir / s["label"] / f"seed{s['seed']}" / "metrics.jsonl"
+        if path.is_file():
+            out.append({"label": s["label"], "seed": s["seed"], **controller_row(read_metrics(path))})
+    return out
+
+
+def _controller_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-run controller table (nothing when no run logged any of its columns)."""
+    if not any(row[key] is not None for row in rows for key in CONTROLLER_COLUMNS):
+        return []
+    lines = ["", "## Controller state per run", "",
+             "eps: DC-GRPO's budget in force at the first -> last rollout; lambda: DC-GRPO's multiplier at the start, "
+             "its peak and after the last update; penalty share: mean |lambda c| / |A|; routing flips: mean share of "
+             "response tokens whose expert set flipped. '-': not logged by that run.", "",
+             "| run | seed | eps | lambda start / peak / end | penalty share | routing flips |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        eps = "-" if row["eps_start"] is None else fmt(row["eps_start"], 3) + (
+            "" if row["eps_end"] == row["eps_start"] else f" -> {fmt(row['eps_end'], 3)}")
+        lam = "-" if row["lambda_start"] is None else " / ".join(
+            fmt(row[k], 3) for k in ("lambda_start", "lambda_peak", "lambda_end"))
+        lines.append(f"| `{row['label']}` | {row['seed']} | {eps} | {lam} | {fmt(row['penalty_share'], 3)} | "
+                     f"{fmt(row['routing_flip_fraction'], 3)} |")
+    return lines
+
+
 def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str, Any]], plots: list[Path],
                  out_dir: Path, commands: list[str]) -> Path:
     """``report.md`` (settings, one row per method with mean [95% interval] over seeds, the differences the
     intervals support, the plots) and ``summary.json`` (every run's summary and the aggregate)."""
     settings = summaries[0]["settings"]
+    found = frontier(aggregated)
+    if found is not None:
+        plots = [write_frontier_plot(found, out_dir / "plots" / "frontier.png"), *plots]
+    controllers = controller_rows(summaries, out_dir)
     seeds = sorted({s["seed"] for s in summaries})
     lines = [
         "# mismatch_ctrl CPU lab report",
@@ -319,23 +369,24 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
             per_layer.append(f"`{label}` " + ", ".join(f"layer {j}: {fmt(s.mean)}" for j, s in layers))
     if per_layer:
         lines += ["", "Routing flips per layer (mean over seeds): " + "; ".join(per_layer) + "."]
-    names = dict(COMPARED)
-    found = comparisons(aggregated)
-    lines += ["", "## Differences", ""]
-    if len(seeds) < 2:
-        lines.append("One seed: no interval, so no difference is claimed. Run with `--seeds 0,1,2`.")
-    elif not found:
-        lines.append("No run has a GRPO baseline on the same engine to compare with.")
+    lines += _frontier_lines(found)
+    versus = versus_grpo(aggregated)
+    lines += ["", "## Each controller against GRPO on the same engine", ""]
+    if not versus:
+        lines.append("No run has a GRPO run on the same engine (`grpo@<engine>`) to compare with.")
     else:
-        lines.append("Differences run - reference over the seeds (each seed's runs start from the same warm-up): "
-                     "mean [95% t interval]. **higher** / **lower** only where that interval excludes 0; "
-                     "(separate) where even the two runs' own intervals in the table do not overlap.")
-        lines.append("")
-        for c in found:
-            verdict = {1: "**higher**", -1: "**lower**", 0: "no difference"}[c["sign"]]
-            apart = " (separate)" if c["separated"] else ""
-            lines.append(f"- `{c['run']}` - `{c['reference']}`, {names[c['quantity']]}: {_cell(c['difference'])}: "
-                         f"{verdict}{apart}")
+        if len(seeds) < 2:
+            lines += ["One seed: no interval, so no difference is claimed. Run with `--seeds 0,1,2`.", ""]
+        lines += ["Run - GRPO at the same engine, paired per seed: mean [95% t interval] (n seeds). **higher** / "
+                  "**lower** only where the interval excludes 0.", "",
+                  "| run | GRPO run | " + " | ".join(name for _, name in VERSUS) + " |",
+                  "|---|---|" + "---|" * len(VERSUS)]
+        for run in dict.fromkeys(c["run"] for c in versus):
+            cells = {c["quantity"]: c for c in versus if c["run"] == run}
+            lines.append(f"| `{run}` | `{cells[next(iter(cells))]['reference']}` | " + " | ".join(
+                _verdict(cells[key]["difference"], cells[key]["sign"]) if key in cells else "-"
+                for key, _ in VERSUS) + " |")
+    lines += _controller_lines(controllers)
     lines += [
         "",
         "Late: over the last quarter of the rollouts (accuracy: the mean of the evaluations there and the final "
@@ -357,7 +408,9 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
         "aggregate": {label: {**{k: v for k, v in entry.items() if k not in ("spreads", "by_seed")},
                               "metrics": {k: s.as_dict() for k, s in entry["spreads"].items()}}
                       for label, entry in aggregated.items()},
-        "comparisons": [{**c, "difference": c["difference"].as_dict()} for c in found],
+        "frontier": None if found is None else frontier_json(found),
+        "versus_grpo": [{**c, "difference": c["difference"].as_dict()} for c in versus],
+        "controllers": controllers,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return path
