@@ -12,6 +12,7 @@ seed). The exact-engine reference is ``grpo@none`` (else the line's own ``@none`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .aggregate import Spread, paired, sign, spread
@@ -109,7 +110,7 @@ def x_positions(doses: dict[str, Spread]) -> tuple[dict[str, float], bool]:
     return {dose: min(others) / 10 if dose in low else v for dose, v in x.items()}, True
 
 
-def write_frontier_plot(found: dict[str, Any], path: Any) -> Any:
+def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
     """``frontier.png``: per ``GAPS`` quantity the paired gap against the exact engine (mean, 95% t interval as an
     error bar) against the dose's measured mismatch on a log axis, one line per method, and the collapse rate; the
     top axis names the doses. Returns ``path``."""
@@ -118,6 +119,7 @@ def write_frontier_plot(found: dict[str, Any], path: Any) -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     x, broken = x_positions(found["doses"])
     lines = list(dict.fromkeys(p["line"] for p in found["points"]))
     offset = {line: 1.12 ** (i - (len(lines) - 1) / 2) for i, line in enumerate(lines)}  # keeps error bars apart
@@ -162,8 +164,9 @@ def write_frontier_plot(found: dict[str, Any], path: Any) -> Any:
         top = ax.secondary_xaxis("top")
         top.set_xticks(list(x.values()), names, fontsize=8, rotation=30)
         top.minorticks_off()
-    handles, labels = axes[0].get_legend_handles_labels()
-    axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9,
+    exact_handles = [h for h, label in zip(*axes[0].get_legend_handles_labels()) if label.startswith("exact")]
+    handles, labels = axes[-1].get_legend_handles_labels()
+    axes[-1].legend(exact_handles + handles, ["exact engine (reference)"][:len(exact_handles)] + labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9,
                     title=f"mean, bar: 95% t interval\nseeds per run: {'/'.join(map(str, seeds))}\n"
                           f"reference: {', '.join(references) or 'none run'}", title_fontsize=8)
     fig.tight_layout()
