@@ -166,7 +166,8 @@ def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
         top.minorticks_off()
     exact_handles = [h for h, label in zip(*axes[0].get_legend_handles_labels()) if label.startswith("exact")]
     handles, labels = axes[-1].get_legend_handles_labels()
-    axes[-1].legend(exact_handles + handles, ["exact engine (reference)"][:len(exact_handles)] + labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9,
+    axes[-1].legend(exact_handles + handles, ["exact engine (reference)"][:len(exact_handles)] + labels,
+                    loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9,
                     title=f"mean, bar: 95% t interval\nseeds per run: {'/'.join(map(str, seeds))}\n"
                           f"reference: {', '.join(references) or 'none run'}", title_fontsize=8)
     fig.tight_layout()

@@ -1,22 +1,19 @@
-"""The lab's outputs a person reads: ``report.md`` (one row per method, mean and 95% interval over seeds, and which
-differences the intervals support), ``summary.json`` (per-seed and aggregated numbers) and PNG plots (mean over
-seeds with a min-max band)."""
+"""The lab's outputs a person reads: ``report.md`` (one row per method, mean and 95% interval over seeds; the
+frontier against the exact engine and each controller against GRPO, paired per seed; each run's controller state),
+``summary.json`` (the same numbers, per seed and aggregated) and the PNG plots (``plots``, ``frontier``)."""
 
 from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..formatting import fmt
 from .aggregate import Spread, aggregate
 from .frontier import GAPS, VERSUS, frontier, frontier_json, versus_grpo, write_frontier_plot
+from .plots import write_plots as write_plots  # the lab writes its plots through this module
 from .trainer import LAYER_FLIPS
-
-DCGRPO_KEY = "lambda_next"
-"""A record key present only in runs with DC-GRPO enabled."""
 
 AGGREGATED = ("initial_acc_engine", "final_acc_engine", "late_acc_engine", "acc_change_engine", "best_acc_engine",
               "final_acc_fp32", "late_acc_fp32", "final_reward", "late_reward",
@@ -25,33 +22,6 @@ AGGREGATED = ("initial_acc_engine", "final_acc_engine", "late_acc_engine", "acc_
 """Run-summary quantities aggregated over seeds."""
 
 INTERVAL = "95% t interval of the mean over seeds"
-
-# file, record key, title, moving-average window, which runs (None: all that have the key)
-PlotSpec = tuple[str, str, str, int, Callable[[dict[str, Any]], bool] | None]
-PLOTS: list[PlotSpec] = [
-    ("reward", "reward", "training reward (10-rollout moving average)", 10, None),
-    ("eval_accuracy", "eval_acc_engine", "held-out greedy accuracy of the rollout engine (deployed)", 1, None),
-    ("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (dotted: DC-GRPO eps)", 1,
-     None),
-    ("routing_flip_fraction", "routing_flip_fraction", "share of response tokens whose expert set flipped "
-     "(5-rollout moving average)", 5, None),
-    ("discrepancy_flipped", "discrepancy_flipped", "mean |p_train - p_rollout| of tokens whose routing flipped "
-     "(5-rollout m.a.)", 5, None),
-    ("discrepancy_unflipped", "discrepancy_unflipped", "mean |p_train - p_rollout| of tokens whose routing did not "
-     "flip", 1, None),
-    ("lambda", "lambda", "DC-GRPO multiplier lambda", 1, lambda first: DCGRPO_KEY in first),
-    ("lr", "train/lr", "learning rate", 1, None),
-    ("response_length", "response_length", "mean response length (tokens, 5-rollout moving average)", 5, None),
-    ("rejected_fraction", "train/mismatch_ctrl/rejected_token_fraction", "fraction of trained tokens rejected", 1,
-     None),
-]
-OVERVIEW = ("reward", "eval_accuracy", "discrepancy", "routing_flip_fraction", "discrepancy_flipped", "lambda",
-            "response_length")
-LINESTYLES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2, 1, 2))]
-LOG_SCALE = {"discrepancy", "discrepancy_flipped", "discrepancy_unflipped"}
-
-Runs = dict[str, dict[int, list[dict[str, Any]]]]
-"""label -> seed -> the run's per-rollout records."""
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -83,164 +53,6 @@ def _cell(s: Spread | None, digits: int = 3) -> str:
     if s.low is None:
         return fmt(s.mean, digits)
     return f"{fmt(s.mean, digits)} [{fmt(s.low, digits)}, {fmt(s.high, digits)}]"
-
-
-def _series(records: list[dict[str, Any]], key: str, window: int) -> tuple[list[float], list[float]]:
-    """(x, y) of one run: the key's values by rollout, moving-averaged; for the engine accuracy, the evaluation after
-    the last update is drawn at x = number of rollouts."""
-    points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-    final = f"final_{key}"
-    if final in records[-1]:
-        points.append((records[-1]["step"] + 1, records[-1][final]))
-    if not points:
-        return [], []
-    steps, values = zip(*points)
-    return list(steps), _moving_average(list(values), window)
-
-
-def _moving_average(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def band(seed_series: list[tuple[list[float], list[float]]]) -> tuple[list[float], list[float], list[float],
-                                                                      list[float]]:
-    """x, mean, min and max over seeds at the x values every seed has."""
-    common = sorted(set.intersection(*(set(x) for x, _ in seed_series)))
-    lookup = [dict(zip(x, y)) for x, y in seed_series]
-    columns = [[table[x] for table in lookup] for x in common]
-    return common, [sum(c) / len(c) for c in columns], [min(c) for c in columns], [max(c) for c in columns]
-
-
-def twins(curves: list[tuple[str, tuple[list[float], ...]]]) -> dict[str, str]:
-    """For each curve (label, (x, mean, ...)) identical in x and mean to an earlier one, that earlier label."""
-    first: dict[tuple, str] = {}
-    out = {}
-    for label, (x, mean, *_) in curves:
-        twin = first.setdefault((tuple(x), tuple(mean)), label)
-        if twin != label:
-            out[label] = twin
-    return out
-
-
-def _style(index: int) -> dict[str, Any]:
-    return {"color": f"C{index % 10}", "ls": LINESTYLES[index % len(LINESTYLES)], "lw": 1.5}
-
-
-def _log_bottom(curves: list[tuple[str, tuple[list[float], ...]]], extra: list[float]) -> float | None:
-    """The lower limit of a log axis that shows the quantised engines' curves and ``extra`` values (eps): the exact
-    engine's (``@none``, orders of magnitude lower) are left below it; None when there is no exact engine."""
-    quantised = [v for label, (_, _, low, _) in curves if "@none" not in label for v in low if v > 0]
-    exact = [label for label, _ in curves if "@none" in label]
-    return min(quantised + [v for v in extra if v > 0]) / 1.5 if quantised and exact else None
-
-
-def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
-    """One PNG per quantity of :data:`PLOTS` that some run has, and ``overview.png``. Each run has its own colour and
-    line style; a run whose mean curve equals an earlier one's is labelled ``(= that run)``; the band is the min-max
-    over seeds; legends sit outside the axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    styles = {label: _style(i) for i, label in enumerate(runs)}
-    drawn: dict[str, list[tuple[str, tuple[list[float], ...]]]] = {}
-    for name, key, _, window, keep in PLOTS:
-        curves = []
-        for label, seeds in runs.items():
-            first = next(iter(seeds.values()))[0]
-            if keep is not None and not keep(first):
-                continue
-            series = [_series(records, key, window) for records in seeds.values()]
-            if all(x for x, _ in series):
-                curves.append((label, band(series)))
-        if curves:
-            drawn[name] = curves
-    eps_lines = {label: band([_series(records, "eps", 1) for records in seeds.values()])
-                 for label, seeds in runs.items() if all(any("eps" in r for r in rec) for rec in seeds.values())}
-
-    def draw(ax: Any, name: str) -> None:
-        spec = next(p for p in PLOTS if p[0] == name)
-        same = twins(drawn[name])
-        eps = [v for label, _ in drawn[name] if name == "discrepancy" and label in eps_lines
-               for v in eps_lines[label][1]]
-        bottom = _log_bottom(drawn[name], eps) if name in LOG_SCALE else None
-        below = [label for label, (_, _, _, high) in drawn[name] if bottom is not None and max(high) < bottom]
-        for label, (x, mean, low, high) in drawn[name]:
-            text = f"{label} (= {same[label]})" if label in same else label
-            ax.plot(x, mean, label=text, **styles[label])
-            if name == "eval_accuracy":
-                ax.plot(x[-1:], mean[-1:], marker="o", ms=4, color=styles[label]["color"])
-            if low != high:
-                ax.fill_between(x, low, high, color=styles[label]["color"], alpha=0.08, lw=0)
-            if name == "discrepancy" and label in eps_lines and eps_lines[label][0]:
-                ax.plot(eps_lines[label][0], eps_lines[label][1], color="0.15", ls=":", lw=1.4, zorder=5)
-        ax.set_title(spec[2] + (f"; below the axis: {', '.join(below)}" if below else ""), fontsize=9)
-        ax.set_xlabel("rollout")
-        ax.grid(alpha=0.3)
-        if name in LOG_SCALE:
-            ax.set_yscale("log")
-            if bottom is not None:
-                ax.set_ylim(bottom=bottom)
-
-    written = []
-    for name in drawn:
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        draw(ax, name)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
-    if "eval_accuracy" in drawn and any(len(seeds) > 1 for seeds in runs.values()):
-        written.append(_per_run_plot(plt, runs, styles, out_dir))
-    panels = [name for name in OVERVIEW if name in drawn]
-    if not panels:
-        return written
-    rows = (len(panels) + 2) // 2
-    overview, axes = plt.subplots(rows, 2, figsize=(14, 4 * rows), squeeze=False)
-    for name, ax in zip(panels, axes.flat):
-        draw(ax, name)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    several = any(len(seeds) > 1 for seeds in runs.values())
-    axes.flat[-1].legend(handles, labels, loc="center", fontsize=11, frameon=False,
-                         title="mean over seeds; band: min-max" if several else "one seed")
-    overview.tight_layout()
-    path = out_dir / "overview.png"
-    overview.savefig(path, dpi=90)
-    plt.close(overview)
-    return [path, *written]
-
-
-def _per_run_plot(plt: Any, runs: Runs, styles: dict[str, dict[str, Any]], out_dir: Path) -> Path:
-    """``eval_accuracy_by_run.png``: one panel per run with each seed's engine accuracy (thin) and their mean."""
-    columns = min(4, len(runs))
-    rows = -(-len(runs) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False, sharex=True,
-                             sharey=True)
-    for ax, (label, seeds) in zip(axes.flat, runs.items()):
-        series = [_series(records, "eval_acc_engine", 1) for records in seeds.values()]
-        for x, y in series:
-            ax.plot(x, y, color="0.6", lw=0.8)
-        x, mean, _, _ = band(series)
-        ax.plot(x, mean, color=styles[label]["color"], lw=2)
-        ax.set_title(label, fontsize=9)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.axis("off")
-    fig.suptitle("held-out greedy accuracy of the rollout engine: each seed (grey) and the mean", fontsize=10)
-    fig.tight_layout()
-    path = out_dir / "eval_accuracy_by_run.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
 
 
 def _verdict(difference: Spread | None, direction: int) -> str:
