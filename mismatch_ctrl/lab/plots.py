@@ -1,8 +1,8 @@
 """The lab's PNG plots over rollouts: per quantity the mean over seeds of every run, smoothed (a trailing moving
 average) with the raw mean faint; the min-max band over seeds where it does not hide other runs (two runs at most),
 else one small panel per run (``*_by_run.png``); flipped and unflipped discrepancy on one panel; no plot for a
-quantity that is the same constant in every run (a flat learning rate, no rejections); legends outside the data;
-log axes span the exact engine too."""
+setting or counter that is the same constant in every run (a flat learning rate, no rejections); legends outside the
+data; log axes span the exact engine too."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ Curve = tuple[list[float], list[float], list[float], list[float]]
 
 @dataclass(frozen=True)
 class Plot:
-    """One quantity over rollouts: file name, record key, title, moving-average window, log axis, and which runs
-    (a predicate on a run's first record; None: every run that has the key)."""
+    """One quantity over rollouts: file name, record key, title, moving-average window, log axis, which runs (a
+    predicate on a run's first record; None: every run that has the key), and whether it is left out when it is one
+    constant in every run (a setting or a counter, not an outcome: a flat learning rate, no rejections)."""
 
     name: str
     key: str
@@ -29,16 +30,18 @@ class Plot:
     window: int = 1
     log: bool = False
     keep: Callable[[dict[str, Any]], bool] | None = None
+    optional: bool = True
 
 
 DCGRPO_KEY = "lambda_next"
 """A record key present only in runs with DC-GRPO enabled."""
 
 PLOTS = (
-    Plot("reward", "reward", "training reward", 10),
-    Plot("eval_accuracy", "eval_acc_engine", "held-out greedy accuracy of the rollout engine (deployed)"),
+    Plot("reward", "reward", "training reward", 10, optional=False),
+    Plot("eval_accuracy", "eval_acc_engine", "held-out greedy accuracy of the rollout engine (deployed)",
+         optional=False),
     Plot("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (dotted: DC-GRPO eps)", 5,
-         log=True),
+         log=True, optional=False),
     Plot("routing_flip_fraction", "routing_flip_fraction", "share of response tokens whose expert set flipped", 5),
     Plot("lambda", "lambda", "DC-GRPO multiplier lambda", keep=lambda first: DCGRPO_KEY in first),
     Plot("lr", "train/lr", "learning rate"),
@@ -175,11 +178,12 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     styles = {label: _style(i) for i, label in enumerate(runs)}
+    specs = {plot.name: plot for plot in PLOTS}
     drawn = {plot.name: curves_of(runs, plot.key, plot.window, plot.keep) for plot in PLOTS}
-    drawn = {name: c for name, c in drawn.items() if c and informative([(label, s) for label, s, _ in c])}
+    drawn = {name: c for name, c in drawn.items()
+             if c and (not specs[name].optional or informative([(label, s) for label, s, _ in c]))}
     split = {key: [c for c in curves_of(runs, key, 5) if any(v > 0 for v in c[1][1])] for key in SPLIT}
     eps = {label: smooth for label, smooth, _ in curves_of(runs, "eps", 1) if "discrepancy" in drawn}
-    specs = {plot.name: plot for plot in PLOTS}
 
     def draw(ax: Any, name: str) -> None:
         if name == SPLIT_NAME:
