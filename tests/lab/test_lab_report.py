@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from mismatch_ctrl.lab.aggregate import aggregate, compare, paired, sign, spread, t_quantile_975
+from mismatch_ctrl.lab.aggregate import aggregate, paired, sign, spread, t_quantile_975
 from mismatch_ctrl.lab.plots import _series, band, curves_of, informative, twins, write_plots
 from mismatch_ctrl.lab.report import aggregate_runs
 
@@ -27,13 +27,6 @@ def test_spread_of_known_numbers():
         spread([])
     with pytest.raises(ValueError, match="finite"):
         spread([1.0, float("nan")])
-
-
-def test_compare_claims_a_difference_only_when_intervals_separate():
-    low, high = spread([0.1, 0.12, 0.11]), spread([0.5, 0.52, 0.51])
-    assert compare(high, low) == 1 and compare(low, high) == -1
-    assert compare(spread([0.1, 0.5, 0.3]), spread([0.2, 0.4, 0.35])) == 0
-    assert compare(spread([0.9]), spread([0.1])) == 0  # one seed: no interval, no claim
 
 
 def summary(label, method, quant, seed, acc, reward=0.3, late=0.01, replay=False, collapse=None):
