@@ -124,24 +124,56 @@ def _style(index: int) -> dict[str, Any]:
     return {"color": f"C{index % 10}", "lw": 1.6}
 
 
+def far_below(curves: list[tuple[str, Curve, Curve]]) -> set[str]:
+    """Runs whose curve lies entirely more than two decades below every other run's (the exact engine's discrepancy,
+    ~1e-7 against ~1e-2): a log panel shows them on a separate strip below a break."""
+    tops = {label: max(high) for label, (_, _, _, high), _ in curves}
+    bottoms = {label: min(low) for label, (_, _, low, _), _ in curves}
+    ordered = sorted(tops, key=tops.get)
+    for i in range(1, len(ordered)):
+        lower, upper = ordered[:i], ordered[i:]
+        if max(tops[k] for k in lower) * 100 < min(bottoms[k] for k in upper):
+            return set(lower)
+    return set()
+
+
 def _draw(ax: Any, plot: Plot, curves: list[tuple[str, Curve, Curve]], styles: dict[str, dict[str, Any]],
           eps: dict[str, Curve]) -> None:
-    """One quantity on one axis: smoothed means, raw means faint, bands only for few runs, eps dotted."""
+    """One quantity on one axis: smoothed means, raw means faint, bands only for few runs, eps dotted; on a log axis,
+    runs far below the others (``far_below``) on a strip under a break."""
     same = twins([(label, smooth) for label, smooth, _ in curves])
+    low_runs = far_below(curves) if plot.log else set()
+    strip = None
+    if low_runs:
+        import matplotlib.ticker
+        from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+        strip = make_axes_locatable(ax).append_axes("bottom", size="22%", pad=0.12, sharex=ax)
     for label, (x, mean, low, high), (rx, rmean, _, _) in curves:
+        target = strip if label in low_runs else ax
         color = styles[label]["color"]
         if plot.window > 1:
-            ax.plot(rx, rmean, color=color, lw=0.7, alpha=0.3)
-        ax.plot(x, mean, label=f"{label} (= {same[label]})" if label in same else label, **styles[label])
+            target.plot(rx, rmean, color=color, lw=0.7, alpha=0.3)
+        target.plot(x, mean, label=f"{label} (= {same[label]})" if label in same else label, **styles[label])
         if plot.name == "eval_accuracy":
-            ax.plot(x[-1:], mean[-1:], marker="o", ms=4, color=color)
+            target.plot(x[-1:], mean[-1:], marker="o", ms=4, color=color)
         if len(curves) <= MAX_BANDS and low != high:
-            ax.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
+            target.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
         if label in eps and eps[label][0]:
-            ax.plot(eps[label][0], eps[label][1], color=color, ls=":", lw=1.4, zorder=5)
+            target.plot(eps[label][0], eps[label][1], color=color, ls=":", lw=1.4, zorder=5)
     smoothed = f" ({plot.window}-rollout moving average; faint: raw)" if plot.window > 1 else ""
     ax.set_title(plot.title + smoothed, fontsize=9)
     _finish(ax, plot.log)
+    if strip is not None:
+        _finish(strip, True)
+        ax.set_xlabel("")
+        ax.tick_params(labelbottom=False)
+        ax.spines["bottom"].set_visible(False)
+        strip.spines["top"].set_visible(False)
+        for axis, y in ((ax, 0.0), (strip, 1.0)):
+            axis.plot([0, 1], [y, y], transform=axis.transAxes, color="k", lw=0.8, ls=(0, (3, 3)), clip_on=False)
+        strip.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        strip.yaxis.set_major_locator(matplotlib.ticker.LogLocator(numticks=3))
 
 
 def _finish(ax: Any, log: bool) -> None:
@@ -196,8 +228,9 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
     for name in names:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         draw(ax, name)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title_fontsize=8,
-                  title="run, flipped / unflipped" if name == SPLIT_NAME else None)
+        found = {label: h for axis in fig.axes for h, label in zip(*axis.get_legend_handles_labels())}
+        ax.legend(list(found.values()), list(found), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  frameon=False, title_fontsize=8, title="run, flipped / unflipped" if name == SPLIT_NAME else None)
         written.append(_save(plt, fig, out_dir / f"{name}.png", dpi=110))
     several = any(len(seeds) > 1 for seeds in runs.values())
     if several and len(runs) > MAX_BANDS:

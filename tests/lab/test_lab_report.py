@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 from mismatch_ctrl.lab.aggregate import aggregate, paired, sign, spread, t_quantile_975
-from mismatch_ctrl.lab.plots import _series, band, curves_of, informative, twins, write_plots
+from mismatch_ctrl.lab.plots import _series, band, curves_of, far_below, informative, twins, write_plots
 from mismatch_ctrl.lab.report import aggregate_runs
 
 
@@ -122,3 +122,15 @@ def test_parallel_progress_clock_starts_with_the_run_and_reports_each_finished_r
     progress.advance(key, 1)
     progress.close()
     assert capsys.readouterr().out.strip() == "grpo@e4m3 seed 0: 3 rollouts in 0 s"
+
+
+def test_runs_far_below_the_others_get_their_own_strip_on_a_log_panel():
+    def curve(low, high):
+        return ([0, 1], [low, high], [low, low], [high, high]), ([0, 1], [low, high], [low, low], [high, high])
+
+    fp8 = [("grpo@e4m3", *curve(0.010, 0.012)), ("grpo@e5m2", *curve(0.02, 0.03))]
+    exact = [("grpo@none", *curve(1e-7, 2e-7))]
+    assert far_below(fp8 + exact) == {"grpo@none"}
+    assert far_below(fp8) == set()
+    assert far_below(fp8 + [("bf16", *curve(1e-5, 5e-5))]) == {"bf16"}  # top 5e-5 x 100 < 0.010: two decades
+    assert far_below(fp8 + [("bf16", *curve(1e-3, 2e-3))]) == set()  # within two decades: one axis
