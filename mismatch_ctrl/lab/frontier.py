@@ -56,8 +56,8 @@ def exact_reference(entry: dict[str, Any], labels: list[str] | dict[str, Any]) -
 def frontier(aggregated: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The frontier of a lab output, None with fewer than two doses: ``doses`` (name, mismatch ``Spread``, in
     mismatch order) and ``points``, one per run: line, dose, label, reference (None for the reference itself or
-    without an exact-engine run), per ``GAPS`` quantity the paired gap ``Spread`` (None without common seeds) and its
-    ``sign``, and the collapse count and rate over the run's seeds."""
+    without an exact-engine run), the seeds both ran, per ``GAPS`` quantity the paired gap ``Spread`` (None without
+    common seeds) and its ``sign``, and the collapse count and rate over the run's seeds."""
     doses = dose_mismatch(aggregated)
     if len(doses) < 2:
         return None
@@ -68,8 +68,10 @@ def frontier(aggregated: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         reference = None if reference == label else reference
         gaps = {key: paired(entry["by_seed"][key], aggregated[reference]["by_seed"][key]) if reference else None
                 for key, _ in GAPS}
+        common = set(entry["seeds"]) & set(aggregated[reference]["seeds"]) if reference else set()
         points.append({"line": line_name(entry), "dose": entry["quant"], "label": label, "reference": reference,
-                       "gaps": gaps, "signs": {k: 0 if g is None else sign(g) for k, g in gaps.items()},
+                       "paired_seeds": sorted(common), "gaps": gaps,
+                       "signs": {k: 0 if g is None else sign(g) for k, g in gaps.items()},
                        "collapses": entry["collapses"], "seeds": len(entry["seeds"]),
                        "collapse_rate": entry["collapses"] / len(entry["seeds"])})
     return {"mismatch": MISMATCH_NAME, "doses": doses, "points": points}

@@ -111,6 +111,7 @@ def test_frontier_and_versus_grpo_against_a_loop_on_random_labs(trial):
         if label == "grpo@none":
             continue
         assert p["reference"] == "grpo@none"
+        assert p["paired_seeds"] == sorted(set(seeds_of[label]) & set(seeds_of["grpo@none"]))
         for key in ("late_acc_engine", "late_reward"):
             check_spread(p["gaps"][key], reference_gap(values(label, key), values("grpo@none", key)))
     versus = {(c["run"], c["quantity"]): c for c in versus_grpo(aggregated)}
