@@ -155,9 +155,10 @@ def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
     seeds = sorted({p["seeds"] for p in found["points"]})
     names = [f"{dose}\n({found['doses'][dose].mean:.1e})" if broken and x[dose] != found["doses"][dose].mean
              else dose for dose in x]
+    log = min(x.values()) > 0  # every engine measured at 0 (a degenerate lab): a linear axis
     for ax in axes:
-        ax.set_xscale("log")
-        ax.set_xlabel("early C_bar of the engine (log" + (", broken at //)" if broken else ")"))
+        ax.set_xscale("log" if log else "linear")
+        ax.set_xlabel("early C_bar of the engine" + (" (log" + (", broken at //)" if broken else ")") if log else ""))
         ax.grid(alpha=0.3, which="both")
         if broken:
             ax.set_xlim(min(x.values()) / 2, max(x.values()) * 2)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mismatch_ctrl.lab.frontier import EXACT, dose_mismatch, frontier, versus_grpo, x_positions
+from mismatch_ctrl.lab.frontier import EXACT, dose_mismatch, frontier, versus_grpo, write_frontier_plot, x_positions
 from mismatch_ctrl.lab.report import aggregate_runs, controller_row, write_report
 
 
@@ -214,3 +214,10 @@ def test_report_and_summary_carry_the_same_frontier_numbers(tmp_path):
     lam = [c for c in summary["controllers"] if c["label"] == "dcgrpo@e5m2"]
     assert len(lam) == 3 and lam[0]["lambda_peak"] == pytest.approx(0.15)
     assert "| `dcgrpo@e5m2` | 0 | 0.010 | 0.050 / 0.150 / 0.150 | - | - |" in report
+
+
+def test_frontier_plot_of_engines_without_measured_mismatch(tmp_path):
+    rows = [row(label, s, 0.5, 0.5, 0.0) for s in range(2) for label in ("grpo@none", "grpo@e4m3")]
+    found = frontier(aggregate_runs(rows))
+    assert [p["gaps"]["late_reward"].mean for p in found["points"] if p["reference"]] == [0.0]
+    assert write_frontier_plot(found, tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
