@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formatting import fmt
+from ..lab.plots import moving_average
 from .stats import PRESET_NAMES
 
 
@@ -226,22 +227,27 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     written = []
 
     def save(fig: Any, name: str, ax: Any) -> None:
-        for axis in ax if isinstance(ax, (list, tuple)) else [ax]:
+        axes = ax if isinstance(ax, (list, tuple)) else [ax]
+        for axis in axes:
             axis.set_xlabel("rollout")
             axis.grid(alpha=0.3)
-            if axis.get_legend_handles_labels()[0]:
-                axis.legend(fontsize=8)
+        handles, labels = axes[-1].get_legend_handles_labels()
+        if handles:  # outside the data, right of the last panel
+            axes[-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
 
     if measured:
         ids = [r["rollout_id"] for r in measured]
+        window = smoothing_window(len(ids))
+        suffix = f" ({window}-rollout moving average; faint: raw)" if window > 1 else ""
         rec = result["recommendation"]
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        ax.plot(ids, [r["prob_diff_mean"] for r in measured], "o-", ms=3, lw=1.2, label="C_bar (prob_diff_mean)")
+        _smoothed(ax, ids, [r["prob_diff_mean"] for r in measured], window, color="C0", lw=1.4,
+                  label="C_bar (prob_diff_mean)")
         if rec["eps_auto"] is not None:
             ax.axhline(rec["eps_auto"], color="C2", lw=1.5, label=f"eps: auto = {rec['eps_auto']:.3g}")
         if rec["window_spread"]:
@@ -253,7 +259,7 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
         if eps:
             ax.step(*zip(*eps), where="post", color="C3", ls="--", lw=1.2, label="eps in force (replay)")
         ax.set_yscale("log")
-        ax.set_title("discrepancy per rollout and the eps band")
+        ax.set_title("discrepancy per rollout and the eps band" + suffix, fontsize=10)
         save(fig, "discrepancy", ax)
 
         fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -265,22 +271,30 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
         save(fig, "lambda", ax)
 
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        for key in measured[0]["prob_diff_quantiles"]:
-            ax.plot(ids, [r["prob_diff_quantiles"][key] for r in measured], lw=1.2, label=key)
-        ax.plot(ids, [r["prob_diff_max"] for r in measured], "k:", lw=1, label="max")
+        for k, key in enumerate(measured[0]["prob_diff_quantiles"]):
+            _smoothed(ax, ids, [r["prob_diff_quantiles"][key] for r in measured], window, color=f"C{k}", lw=1.2,
+                      label=key)
+        _smoothed(ax, ids, [r["prob_diff_max"] for r in measured], window, color="k", ls=":", lw=1, label="max")
         ax.set_yscale("log")
-        ax.set_title("per-token |p_train - p_rollout| quantiles")
+        ax.set_title("per-token |p_train - p_rollout| quantiles" + suffix, fontsize=10)
         save(fig, "prob_diff_quantiles", ax)
 
-        fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-        for ax, part in zip(axes, ("tokens", "sequences")):
-            for k, name in enumerate(PRESET_NAMES):
-                ax.plot(ids, [r["rejection"][name][part] for r in measured], lw=1.4, color=f"C{k}", label=name,
-                        ls=("-", "--", ":", "-.")[k % 4])
-            ax.set_yscale("symlog", linthresh=1e-3)
-            ax.set_ylim(0.0, 1.0)
-            ax.set_title(f"fraction of {part} each preset rejects (linear below 0.001)")
-        save(fig, "rejection", list(axes))
+        rejecting = [name for name in PRESET_NAMES
+                     if any(r["rejection"][name][part] for r in measured for part in ("tokens", "sequences"))]
+        if rejecting:
+            never = [name for name in PRESET_NAMES if name not in rejecting]
+            fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+            for ax, part in zip(axes, ("tokens", "sequences")):
+                for k, name in enumerate(PRESET_NAMES):
+                    if name in rejecting:
+                        ax.plot(ids, [r["rejection"][name][part] for r in measured], lw=1.4, color=f"C{k}",
+                                label=name, ls=("-", "--", ":", "-.")[k % 4])
+                ax.set_yscale("symlog", linthresh=1e-3)
+                ax.set_ylim(0.0, 1.3)
+                ax.set_title(f"fraction of {part} each preset rejects (linear below 0.001)", fontsize=10)
+            if never:
+                fig.suptitle(f"never reject on these rollouts (not drawn): {', '.join(never)}", fontsize=9)
+            save(fig, "rejection", list(axes))
 
     surge = result["surge"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -295,11 +309,24 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     if surge["max_response_len"]:
         ax.axhline(surge["max_response_len"], color="k", ls=":", lw=1, label="max response length")
     truncation = [(r["rollout_id"], r["truncation_rate"]) for r in rows if r["truncation_rate"] is not None]
-    if truncation:
+    if any(rate for _, rate in truncation):
         twin = ax.twinx()
         twin.plot(*zip(*truncation), color="C2", lw=0.8, alpha=0.7)
         twin.set_ylabel("truncation rate (green)")
         twin.set_ylim(0, 1)
-    ax.set_title(f"response length and the surge detector: {surge['verdict'].split(':')[0]}")
+    ax.set_title(f"response length and the surge detector: {surge['verdict'].split(':')[0]}"
+                 + ("" if any(rate for _, rate in truncation) else "; no response truncated"), fontsize=10)
     save(fig, "response_length", ax)
     return written
+
+
+def smoothing_window(rollouts: int) -> int:
+    """Moving-average window of the per-rollout curves: 1 (raw) below 40 rollouts, then rollouts / 20, at most 10."""
+    return min(10, max(1, rollouts // 20))
+
+
+def _smoothed(ax: Any, x: list[int], y: list[float], window: int, **style: Any) -> None:
+    """``y`` against ``x``: the trailing ``window``-point mean, with the raw values faint when ``window`` > 1."""
+    if window > 1:
+        ax.plot(x, y, color=style["color"], lw=0.7, alpha=0.3)
+    ax.plot(x, moving_average(y, window), **style)

@@ -12,5 +12,6 @@ Same arrangement as FP8 SGLang rollouts + BF16 Megatron training, so the trainin
 - ``warmup``: a cached supervised warm-up per policy kind and seed that gives the policy a non-trivial success rate;
 - ``methods`` / ``trainer``: GRPO through ``mismatch_ctrl``'s slime hooks, optionally with routing replay (R3);
 - ``routing`` / ``floor``: routing flips and the engine's discrepancy floor with and without replay;
-- ``aggregate`` / ``report`` / ``run`` / ``options``: seeds, intervals, plots, the report and ``mismatch-ctrl lab``.
+- ``aggregate`` / ``frontier`` / ``plots`` / ``report`` / ``run`` / ``options``: seeds and intervals, the dose-response
+  frontier against the exact engine, plots, the report and ``mismatch-ctrl lab``.
 """

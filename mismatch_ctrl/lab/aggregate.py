@@ -3,8 +3,7 @@
 The interval is Student's t interval of the mean, ``mean +- t(0.975, n-1) * s / sqrt(n)`` with ``s`` the sample
 standard deviation (n - 1 in the denominator). Two methods differ in a quantity when the interval of their paired
 per-seed differences excludes 0 (``paired``, ``sign``: the lab's methods of one seed start from the same warm-up, so
-pairing removes the spread of the starting policies), and clearly so when even their own intervals do not overlap
-(``compare``). One seed gives no interval and never a difference.
+pairing removes the spread of the starting policies). One seed gives no interval and never a difference.
 """
 
 from __future__ import annotations
@@ -61,17 +60,6 @@ def spread(values: Iterable[float]) -> Spread:
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_quantile_975(n - 1) * std / math.sqrt(n)
     return Spread(xs, mean, std, min(xs), max(xs), mean - half, mean + half)
-
-
-def compare(a: Spread, b: Spread) -> int:
-    """+1 if a's interval lies entirely above b's, -1 if entirely below, 0 if they overlap or either has no interval."""
-    if a.low is None or b.low is None or a.high is None or b.high is None:
-        return 0
-    if a.low > b.high:
-        return 1
-    if a.high < b.low:
-        return -1
-    return 0
 
 
 def sign(s: Spread) -> int:

@@ -5,8 +5,9 @@ import warnings
 
 import pytest
 
-from mismatch_ctrl.lab.aggregate import aggregate, compare, paired, sign, spread, t_quantile_975
-from mismatch_ctrl.lab.report import _log_bottom, _series, aggregate_runs, band, comparisons, twins, write_plots
+from mismatch_ctrl.lab.aggregate import aggregate, paired, sign, spread, t_quantile_975
+from mismatch_ctrl.lab.plots import _series, band, curves_of, far_below, informative, twins, write_plots
+from mismatch_ctrl.lab.report import aggregate_runs
 
 
 def test_spread_of_known_numbers():
@@ -28,13 +29,6 @@ def test_spread_of_known_numbers():
         spread([1.0, float("nan")])
 
 
-def test_compare_claims_a_difference_only_when_intervals_separate():
-    low, high = spread([0.1, 0.12, 0.11]), spread([0.5, 0.52, 0.51])
-    assert compare(high, low) == 1 and compare(low, high) == -1
-    assert compare(spread([0.1, 0.5, 0.3]), spread([0.2, 0.4, 0.35])) == 0
-    assert compare(spread([0.9]), spread([0.1])) == 0  # one seed: no interval, no claim
-
-
 def summary(label, method, quant, seed, acc, reward=0.3, late=0.01, replay=False, collapse=None):
     return {"label": label, "method": method, "quant": quant, "replay": replay, "seed": seed,
             "initial_acc_engine": 0.6, "final_acc_engine": acc, "late_acc_engine": acc, "acc_change_engine": acc - 0.6,
@@ -45,7 +39,7 @@ def summary(label, method, quant, seed, acc, reward=0.3, late=0.01, replay=False
             "collapse_step": collapse}
 
 
-def test_aggregate_runs_and_paired_comparisons_against_the_grpo_baseline():
+def test_aggregate_runs_per_label_and_paired_differences():
     rows = []
     table = [(0.60, 0.40, 0.45, 0.43), (0.62, 0.42, 0.50, 0.47), (0.61, 0.41, 0.40, 0.45)]
     for seed, (none, grpo, dcgrpo, tis) in enumerate(table):
@@ -61,17 +55,6 @@ def test_aggregate_runs_and_paired_comparisons_against_the_grpo_baseline():
     assert entry["by_seed"]["late_acc_engine"] == {0: 0.40, 1: 0.42, 2: 0.41}
     assert "routing_flip_fraction" not in result["grpo@none"]["spreads"]
     assert result["dcgrpo@e4m3"]["collapses"] == 1
-    found = {(c["run"], c["reference"], c["quantity"]): c for c in comparisons(result)}
-    hurt = found[("grpo@e4m3", "grpo@none", "late_acc_engine")]  # -0.2 at every seed
-    assert hurt["difference"].mean == pytest.approx(-0.2) and hurt["sign"] == -1 and hurt["separated"] == -1
-    assert found[("grpo@e4m3", "grpo@none", "discrepancy_last")]["sign"] == 1
-    dc = found[("dcgrpo@e4m3", "grpo@e4m3", "late_acc_engine")]  # +0.05, +0.08, -0.01: interval holds 0
-    assert dc["difference"].mean == pytest.approx(0.04) and dc["sign"] == 0
-    tis = found[("token_tis@e4m3", "grpo@e4m3", "late_acc_engine")]  # +0.03, +0.05, +0.04: paired, not separate
-    assert tis["difference"].low == pytest.approx(0.04 - 4.303 * 0.01 / math.sqrt(3))
-    assert tis["sign"] == 1 and tis["separated"] == 0
-    assert ("grpo@none", "grpo@none", "late_acc_engine") not in found
-    assert ("dcgrpo@e4m3", "grpo@none", "late_acc_engine") not in found
     assert aggregate([{"x": None}, {"x": 1.0}], ["x", "y"])["x"].n == 1
     assert paired({0: 1.0, 1: 2.0}, {1: 0.5, 2: 9.0}).values == (1.5,) and paired({0: 1.0}, {1: 1.0}) is None
     assert sign(spread([0.1, 0.2, 0.15])) == 1 and sign(spread([0.3])) == 0
@@ -90,24 +73,39 @@ def test_series_band_and_twins():
 
 
 def test_plots_of_one_dense_run_skip_absent_quantities_without_legend_warnings(tmp_path):
-    records = [{"step": s, "reward": 0.1 * s, "discrepancy": 0.01, "train/lr": 1e-3, "response_length": 4.0,
+    records = [{"step": s, "reward": 0.0, "discrepancy": 0.01, "train/lr": 1e-3, "response_length": 4.0,
                 **({"eval_acc_engine": 0.5} if s == 0 else {})} for s in range(4)]
     records[-1]["final_eval_acc_engine"] = 0.6
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         paths = write_plots({"grpo@e4m3": {0: records}}, tmp_path)
     names = {p.stem for p in paths}
-    assert names == {"overview", "reward", "eval_accuracy", "discrepancy", "lr", "response_length"}
+    assert names == {"overview", "reward", "eval_accuracy", "discrepancy"}  # outcomes always; a flat lr: no panel
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
 
 
-def test_log_axis_leaves_the_exact_engine_below_and_keeps_eps_visible():
-    curve = lambda low: ([0, 1], low, low, low)  # noqa: E731
-    fp8 = [("grpo@e4m3", curve([0.012, 0.010])), ("dcgrpo@e4m3", curve([0.011, 0.02]))]
-    exact = [("grpo@none", curve([1e-7, 2e-7]))]
-    assert _log_bottom(fp8 + exact, []) == pytest.approx(0.010 / 1.5)
-    assert _log_bottom(fp8 + exact, [0.005, 0.011]) == pytest.approx(0.005 / 1.5)
-    assert _log_bottom(fp8, [0.005]) is None  # no exact engine: matplotlib's own limits
+def test_a_panel_without_information_is_left_out_and_the_routing_split_shares_one_panel(tmp_path):
+    def records(flips, lr=1e-3):
+        rows = [{"step": s, "reward": 0.1 * s, "discrepancy": 0.01 if flips else 1e-7, "train/lr": lr,
+                 "routing_flip_fraction": 0.05 if flips else 0.0, "discrepancy_flipped": 0.05 if flips else None,
+                 "discrepancy_unflipped": 0.01 if flips else 1e-7, "train/mismatch_ctrl/rejected_token_fraction": 0.0,
+                 **({"eval_acc_engine": 0.5} if s == 0 else {})} for s in range(4)]
+        rows[-1]["final_eval_acc_engine"] = 0.6
+        return rows
+
+    runs = {"grpo@none": {0: records(False), 1: records(False)}, "grpo@e4m3": {0: records(True), 1: records(True)},
+            "token_tis@e4m3": {0: records(True), 1: records(True)}}
+    names = {p.stem for p in write_plots(runs, tmp_path)}
+    assert "lr" not in names and "rejected_fraction" not in names  # the same constant in every run
+    assert {"discrepancy_by_routing", "routing_flip_fraction", "reward_by_run", "eval_accuracy_by_run"} <= names
+    assert "discrepancy_flipped" not in names and "discrepancy_unflipped" not in names
+    runs["length_decay@e4m3"] = {0: records(True, lr=5e-4), 1: records(True, lr=5e-4)}
+    assert "lr" in {p.stem for p in write_plots(runs, tmp_path)}  # two learning rates: the panel says something
+    curves = curves_of(runs, "reward", 2)
+    label, smooth, raw = curves[0]
+    assert label == "grpo@none" and raw[1] == [0.0, 0.1, 0.2, pytest.approx(0.3)]
+    assert smooth[1] == [0.0, pytest.approx(0.05), pytest.approx(0.15), pytest.approx(0.25)]
+    assert informative([("a", smooth)]) and not informative([("a", ([0, 1], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]))])
 
 
 def test_parallel_progress_clock_starts_with_the_run_and_reports_each_finished_run(capsys):
@@ -124,3 +122,15 @@ def test_parallel_progress_clock_starts_with_the_run_and_reports_each_finished_r
     progress.advance(key, 1)
     progress.close()
     assert capsys.readouterr().out.strip() == "grpo@e4m3 seed 0: 3 rollouts in 0 s"
+
+
+def test_runs_far_below_the_others_get_their_own_strip_on_a_log_panel():
+    def curve(low, high):
+        return ([0, 1], [low, high], [low, low], [high, high]), ([0, 1], [low, high], [low, low], [high, high])
+
+    fp8 = [("grpo@e4m3", *curve(0.010, 0.012)), ("grpo@e5m2", *curve(0.02, 0.03))]
+    exact = [("grpo@none", *curve(1e-7, 2e-7))]
+    assert far_below(fp8 + exact) == {"grpo@none"}
+    assert far_below(fp8) == set()
+    assert far_below(fp8 + [("bf16", *curve(1e-5, 5e-5))]) == {"bf16"}  # top 5e-5 x 100 < 0.010: two decades
+    assert far_below(fp8 + [("bf16", *curve(1e-3, 2e-3))]) == set()  # within two decades: one axis
