@@ -144,7 +144,7 @@ def _read_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         RunSpec(info["method"], info["quant"], bool(info["replay"]))
         LabSettings(**info["settings"])
         path = folder / "metrics.jsonl"
-        records = read_metrics(path) if path.is_file() else []
+        records = read_metrics(path) if path.exists() else []
         if records and not all(isinstance(r, dict) and "reward" in r for r in records):
             raise ValueError("a line is not a metrics record")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:

@@ -108,19 +108,3 @@ def test_log_axis_leaves_the_exact_engine_below_and_keeps_eps_visible():
     assert _log_bottom(fp8 + exact, []) == pytest.approx(0.010 / 1.5)
     assert _log_bottom(fp8 + exact, [0.005, 0.011]) == pytest.approx(0.005 / 1.5)
     assert _log_bottom(fp8, [0.005]) is None  # no exact engine: matplotlib's own limits
-
-
-def test_parallel_progress_clock_starts_with_the_run_and_reports_each_finished_run(capsys):
-    from mismatch_ctrl.lab.methods import RunSpec
-    from mismatch_ctrl.lab.run import _Progress
-    from mismatch_ctrl.lab.trainer import LabSettings
-
-    jobs = [(RunSpec("grpo", "e4m3"), LabSettings(steps=3, seed=0)), (RunSpec("dcgrpo", "e4m3"), LabSettings(steps=3))]
-    progress = _Progress(jobs, enabled=True)  # pytest's stderr is no terminal: lines instead of bars
-    key = ("grpo@e4m3", 0)
-    progress.advance(key, 0)
-    progress.advance(key, 2)
-    assert capsys.readouterr().out == ""
-    progress.advance(key, 1)
-    progress.close()
-    assert capsys.readouterr().out.strip() == "grpo@e4m3 seed 0: 3 rollouts in 0 s"
