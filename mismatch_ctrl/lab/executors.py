@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from ..formatting import clip
 from .sweep import RunTask, SweepError
 from .trainer import Trainer
 
@@ -133,8 +134,8 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise SweepError(f"--ray-address {address!r}: expected HOST:PORT (the GCS address `ray start --head` prints, "
-                         "e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto")
+        raise SweepError(f"--ray-address {clip(address, 80)}: expected HOST:PORT (the GCS address `ray start --head` "
+                         "prints, e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as exc:
