@@ -327,3 +327,34 @@ def test_progress_in_a_terminal_draws_bars_below_warnings_and_leaves_none_behind
     assert progress.bars == {} and progress.overall is None
     tail = stream.text.rsplit("done grpo@none seed 0", 1)[1]
     assert "\r" in tail  # the bars were cleared after the last line
+
+
+def test_a_run_reports_start_steps_and_its_warnings_as_events_and_returns_its_files():
+    import io
+
+    import torch
+
+    from mismatch_ctrl.lab.executors import train_task
+    from mismatch_ctrl.lab.policy import PolicyConfig, TinyPolicy
+    from mismatch_ctrl.lab.task import make_task
+
+    policy = TinyPolicy(PolicyConfig.for_task(make_task("add"), d_model=32, n_layers=1, n_heads=2, d_ff=16,
+                                              n_experts=4, top_k=2), seed=1)
+    buffer = io.BytesIO()
+    torch.save({"policy_config": policy.config.to_dict(), "state_dict": policy.state_dict()}, buffer)
+
+    class Sink(list):
+        put = list.append
+
+    events = Sink()
+    # eps = 1e-4 is below the e5m2 engine's discrepancy floor: DC-GRPO warns after its calibration window
+    task = RunTask(RunSpec("dcgrpo_tight_guard", "e5m2"), LabSettings(**{**TINY, "steps": 5}), buffer.getvalue())
+    summary, files = train_task(task, events)
+    key = ("dcgrpo_tight_guard@e5m2", 0)
+    assert events[0] == ("start", key)
+    assert [e for e in events if e[0] == "step"] == [("step", key, 1)] * 5
+    warned = [e[2] for e in events if e[0] == "warn"]
+    assert all(e[1] == key for e in events)
+    assert len(warned) == 1 and "below the rollout engine's discrepancy floor" in warned[0]
+    assert {"run.json", "metrics.jsonl"} <= set(files) and any(name.startswith("state/") for name in files)
+    assert len(files["metrics.jsonl"].decode().splitlines()) == 5 and summary["label"] == key[0]
