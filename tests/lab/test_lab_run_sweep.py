@@ -98,6 +98,11 @@ def test_unfinished_folders_are_restarted_and_a_folder_without_fingerprint_is_re
     with pytest.raises(SweepError, match=f"{stray}: a run folder without {FINGERPRINT_FILE}"):
         lab(out)
     assert stray.is_dir()  # nothing deleted
+    stray.rmdir()
+    (out / "grpo@none" / "seed0" / FINGERPRINT_FILE).write_text('{"inputs": [')
+    with pytest.raises(SweepError, match=f"{out / 'grpo@none' / 'seed0' / FINGERPRINT_FILE}: unreadable run "
+                                         "fingerprint"):
+        lab(out)
 
 
 def test_a_second_process_on_the_same_out_is_refused_ctrl_c_keeps_finished_runs_and_a_rerun_continues(tmp_path):
