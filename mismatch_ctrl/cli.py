@@ -51,7 +51,11 @@ def _lab(ns: argparse.Namespace) -> int:
         except (ValueError, SweepError) as exc:
             print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
             return 2
-        print(f"report: {result.report}")
+        except OSError as exc:
+            print(f"mismatch-ctrl lab: {exc.filename or ns.out}: {exc.strerror or exc}; free space or make --out "
+                  "writable", file=sys.stderr)
+            return 2
+        print(f"{summary_table(result.summaries)}\n\nreport: {result.report}")
         return 0
     o = resolve(ns)
     try:
@@ -79,12 +83,12 @@ def _lab(ns: argparse.Namespace) -> int:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 130 if isinstance(exc, SweepInterrupted) else 2
     except KeyboardInterrupt:
-        print(f"mismatch-ctrl lab: interrupted before training; finished runs in {ns.out} are kept, rerun the same "
-              "command to continue", file=sys.stderr)
+        print(f"mismatch-ctrl lab: interrupted; the finished runs in {ns.out} are kept, rerun the same command to "
+              "continue", file=sys.stderr)
         return 130
     except OSError as exc:
         print(f"mismatch-ctrl lab: {exc.filename or ns.out}: {exc.strerror or exc}; free space or choose a writable "
-              "--out", file=sys.stderr)
+              "--out / --cache-dir", file=sys.stderr)
         return 2
     print(f"\n{summary_table(result.summaries)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
     return 0

@@ -87,8 +87,7 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
             _train(todo, base, out_dir, executor, cache_dir, show_progress, progress_interval, len(grid) - len(todo))
         summaries = [_summary_of(run_dir(out_dir, spec, s.seed), spec) for spec, s in grid]
         summaries.sort(key=lambda row: (labels.index(row["label"]), row["seed"]))
-        _commands(out_dir, command)
-        return _write_outputs(summaries, out_dir, _commands(out_dir))
+        return _write_outputs(summaries, out_dir, list(dict.fromkeys(_commands(out_dir, command))))
 
 
 def _quiet(text: str) -> None:

@@ -206,6 +206,16 @@ def test_read_only_or_full_out_or_cache_is_refused_naming_the_path_before_the_wa
         assert code == 2 and f"--cache-dir {bad / 'cache'}" in err and needle in err
 
 
+def test_report_only_on_a_read_only_out_is_a_clear_error(tmp_path, mounts, capsys):
+    out = mounts("out", "size=8m")
+    lab(out, runs=RUNS[:1])
+    code, stdout, _ = _cli(capsys, "lab", "--report-only", "--out", str(out))
+    assert code == 0 and "grpo@none" in stdout and "late acc" in stdout
+    subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+    code, _, err = _cli(capsys, "lab", "--report-only", "--out", str(out))
+    assert code == 2 and f"--out {out}" in err and "Read-only file system" in err and "Traceback" not in err
+
+
 def test_a_disk_that_fills_during_the_sweep_is_a_clear_error_and_no_half_written_run(tmp_path, mounts, capsys):
     out = mounts("small", "size=64k")
     lab(tmp_path / "ref", runs=RUNS[:1])  # warm the cache
