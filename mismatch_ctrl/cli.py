@@ -46,22 +46,29 @@ def _lab(ns: argparse.Namespace) -> int:
     from .lab.methods import RunSpec
     from .lab.options import LAB_DEFAULTS, resolve
     from .lab.policy import POLICY_KINDS
-    from .lab.run import rewrite_report, run_lab
+    from .lab.executors import LocalExecutor, RayExecutor
+    from .lab.run import SweepInterrupted, rewrite_report, run_lab, summary_table
+    from .lab.sweep import SweepError
     from .lab.trainer import LabSettings
 
     if ns.report_only:
         training = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS)
-                    if getattr(ns, name, None) is not None] + (["--dump-details"] if ns.dump_details else [])
+                    if getattr(ns, name, None) is not None] + (["--dump-details"] if ns.dump_details else []) \
+            + (["--ray-address"] if ns.ray_address else [])
         if training:
             print(f"mismatch-ctrl lab: --report-only trains nothing, so {', '.join(training)} would be ignored; drop "
                   "them (the report is rewritten from OUT's runs as they were trained)", file=sys.stderr)
             return 2
         try:
             result = rewrite_report(Path(ns.out), "mismatch-ctrl lab " + " ".join(sys.argv[2:]))
-        except ValueError as exc:
+        except (ValueError, SweepError) as exc:
             print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
             return 2
-        print(f"report: {result.report}")
+        except OSError as exc:
+            print(f"mismatch-ctrl lab: {exc.filename or ns.out}: {exc.strerror or exc}; free space or make --out "
+                  "writable", file=sys.stderr)
+            return 2
+        print(f"{summary_table(result.summaries)}\n\nreport: {result.report}")
         return 0
     o = resolve(ns)
     try:
@@ -81,9 +88,22 @@ def _lab(ns: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 2
-    result = run_lab(runs, settings, Path(ns.out), jobs=ns.jobs, command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
-                     cache_dir=ns.cache_dir, seeds=o["seeds"])
-    print(f"\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
+    executor = RayExecutor(ns.ray_address) if ns.ray_address else LocalExecutor(ns.jobs)
+    try:
+        result = run_lab(runs, settings, Path(ns.out), command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
+                         cache_dir=ns.cache_dir, seeds=o["seeds"], executor=executor)
+    except SweepError as exc:
+        print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
+        return 130 if isinstance(exc, SweepInterrupted) else 2
+    except KeyboardInterrupt:
+        print(f"mismatch-ctrl lab: interrupted; the finished runs in {ns.out} are kept, rerun the same command to "
+              "continue", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"mismatch-ctrl lab: {exc.filename or ns.out}: {exc.strerror or exc}; free space or choose a writable "
+              "--out / --cache-dir", file=sys.stderr)
+        return 2
+    print(f"\n{summary_table(result.summaries)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
     return 0
 
 
@@ -200,7 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--eval-every", type=options.positive_int,
                      help=f"rollouts between held-out evaluations (default: {d['eval_every']})")
     lab.add_argument("--jobs", type=options.positive_int, default=default_jobs(),
-                     help="runs trained in parallel, one thread each (default: the number of CPU cores)")
+                     help="runs trained in parallel on this machine, one thread each (default: the number of CPU "
+                          "cores; ignored with --ray-address)")
+    lab.add_argument("--ray-address", metavar="ADDR",
+                     help="train the runs as Ray tasks on the cluster at ADDR (HOST:PORT as `ray start --head` prints "
+                          "it, ray://HOST:PORT, or auto for the local cluster), one CPU each (one GPU with a cuda "
+                          "device); needs pip install 'mismatch-ctrl[ray]'. Default: local processes (--jobs)")
     lab.add_argument("--out", type=options.directory, default="runs/lab", help="output directory (default: runs/lab)")
     lab.add_argument("--dump-details", action="store_true",
                      help="also write each rollout's batch in slime's --dump-details format to OUT/<run>/seed<k>/dump/ "

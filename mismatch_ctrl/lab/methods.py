@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from ..config import ROOT_KEY, build_config, merge_sections
+from ..formatting import clip
 from .quant import as_quant_config
 
 LAB_ADJUSTMENTS: dict[str, Any] = {
@@ -67,8 +68,12 @@ def method_section(name: str) -> dict[str, Any]:
     """The ``mismatch_ctrl`` section a lab run of ``name`` puts into its slime-shaped ``args``."""
     base, extra = VARIANTS.get(name, (name, {}))
     path = resources.files("mismatch_ctrl").joinpath("configs", "methods", f"{base}.yaml")
-    if not path.is_file():
-        raise ValueError(f"unknown lab method {name!r}; choose from {', '.join(method_names())}")
+    try:
+        known = path.is_file()
+    except OSError:  # e.g. a name too long for a file name
+        known = False
+    if not known:
+        raise ValueError(f"unknown lab method {clip(name, 60)!r}; choose from {', '.join(method_names())}")
     section = yaml.safe_load(path.read_text())[ROOT_KEY]
     section = merge_sections(merge_sections(section, LAB_ADJUSTMENTS), extra)
     section["name"] = name

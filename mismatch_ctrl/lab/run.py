@@ -1,9 +1,10 @@
-"""``mismatch-ctrl lab``: warm up once per seed, train every requested run for every seed (in parallel processes),
-write plots and report.
+"""``mismatch-ctrl lab``: warm up once per seed, train every requested run for every seed (through an executor:
+this process, a local process pool, or Ray), write plots, report and a summary table.
 
 Seed k seeds the warm-up (the policy's initial weights and its supervised data) and the RL run (prompts, sampling,
 data order), so the spread over seeds covers the starting policy too - which is what differs between machines whose
-floating-point kernels differ. Run k of method m is written to ``OUT/<m>/seed<k>/``.
+floating-point kernels differ. Run k of method m is written to ``OUT/<m>/seed<k>/`` once it finished (``sweep.py``):
+a rerun into the same ``OUT`` trains only the runs that are missing.
 """
 
 from __future__ import annotations
@@ -11,24 +12,29 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import multiprocessing
 import os
-import queue
-import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..formatting import clip, fmt
+from .executors import Executor, LocalExecutor
 from .methods import RunSpec
+from .progress import SweepProgress
 from .report import aggregate_runs, read_metrics, write_plots, write_report
-from .trainer import RUN_FILE, LabSettings, Trainer, summarize
-from .warmup import WarmupConfig, warmup_policy, warmup_preset
+from .sweep import (BYTES_PER_STEP, OutLock, RunTask, SweepError, check_names, check_writable, clean_partial,
+                    commit_run, differences, plan, run_dir)
+from .trainer import RUN_FILE, LabSettings, summarize
+from .warmup import WarmupConfig, cache_path, default_cache_dir, warmup_policy, warmup_preset
 
 COMMANDS_FILE = "commands.txt"
 """Every lab command that trained runs into an output directory, one a line."""
+
+
+class SweepInterrupted(SweepError):
+    """Ctrl-C during a sweep: the finished runs are kept, a rerun continues."""
 
 
 @dataclass(frozen=True)
@@ -41,30 +47,16 @@ class LabResult:
     plots: list[Path]
 
 
-def run_dir(out_dir: Path, spec: RunSpec, seed: int) -> Path:
-    """Where one run (a method at a seed) writes ``metrics.jsonl`` and its state."""
-    return out_dir / spec.label / f"seed{seed}"
-
-
-def _train_one(spec: RunSpec, settings: LabSettings, policy_bytes: bytes, out_dir: Path,
-               progress: Any) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    policy_state = torch.load(io.BytesIO(policy_bytes), weights_only=True)
-    trainer = Trainer(spec, settings, policy_state, run_dir(out_dir, spec, settings.seed))
-    key = (spec.label, settings.seed)
-    if progress is not None:
-        progress.put((key, 0))  # the run starts now (it may have waited for a free process)
-    return trainer.run(lambda n: progress.put((key, n)) if progress is not None else None)
-
-
 def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int = 1,
             command: str = "mismatch-ctrl lab", cache_dir: str | Path | None = None, show_progress: bool = True,
-            warmup: WarmupConfig | None = None, seeds: tuple[int, ...] = (0,)) -> LabResult:
+            warmup: WarmupConfig | None = None, seeds: tuple[int, ...] = (0,), executor: Executor | None = None,
+            progress_interval: float = 30.0) -> LabResult:
     """Train each run once per seed, each from its seed's warmed-up policy, and write ``out_dir/report.md``,
-    ``summary.json``, plots and per-run metrics.
+    ``summary.json``, plots and per-run folders. Runs already finished in ``out_dir`` with the same fingerprint are
+    not trained again; runs made there with other settings are refused (SweepError) before any warm-up.
 
     ``warmup`` defaults to the task's preset for ``settings.policy`` (``warmup_preset``); its seed is replaced by
-    each run seed. Warm-ups are cached.
+    each run seed. Warm-ups are cached. ``executor`` defaults to ``LocalExecutor(jobs)``.
     """
     torch.set_num_threads(1)
     labels = [spec.label for spec in runs]
@@ -76,26 +68,89 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
     if base.task != settings.task or base.policy != settings.policy:
         raise ValueError(f"the warm-up is for task {base.task!r}, policy {base.policy!r} but the runs are for "
                          f"{settings.task!r}, {settings.policy!r}")
+    executor = executor or LocalExecutor(jobs)
+    grid = [(spec, dataclasses.replace(settings, seed=seed)) for seed in seeds for spec in runs]
+    log = print if show_progress else _quiet
+    check_names(_existing(out_dir), runs)
+    check_writable(out_dir, "--out", len(grid) * settings.steps * BYTES_PER_STEP)
+    if not all(cache_path(dataclasses.replace(base, seed=seed), cache_dir).is_file() for seed in seeds):
+        check_writable(Path(cache_dir) if cache_dir is not None else default_cache_dir(), "--cache-dir")
+    with OutLock(out_dir, log):
+        for path in clean_partial(out_dir):
+            log(f"removed the unfinished run folder {path} (a sweep was stopped while writing it)")
+        finished = plan(out_dir, grid, base)
+        todo = [(spec, s) for (spec, s), done in zip(grid, finished) if not done]
+        if len(todo) < len(grid):
+            log(f"{len(grid) - len(todo)} of {len(grid)} runs already finished in {out_dir}: kept, not trained again")
+        if todo:
+            executor.connect()
+            _train(todo, base, out_dir, executor, cache_dir, show_progress, progress_interval, len(grid) - len(todo))
+        summaries = [_summary_of(run_dir(out_dir, spec, s.seed), spec) for spec, s in grid]
+        summaries.sort(key=lambda row: (labels.index(row["label"]), row["seed"]))
+        return _write_outputs(summaries, out_dir, list(dict.fromkeys(_commands(out_dir, command))))
+
+
+def _quiet(text: str) -> None:
+    """A log that prints nothing."""
+
+
+def _existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def _train(todo: list[tuple[RunSpec, LabSettings]], base: WarmupConfig, out_dir: Path, executor: Executor,
+           cache_dir: str | Path | None, show_progress: bool, interval: float, skipped: int) -> None:
+    """Warm up the seeds that have runs to train, hand the runs to ``executor`` and write each as it finishes."""
     states = {}
-    for seed in seeds:
+    for seed in sorted({s.seed for _, s in todo}):
         warm = warmup_policy(dataclasses.replace(base, seed=seed), cache_dir=cache_dir,
                              log=print if show_progress else None)
         if show_progress:
-            print(f"warm-up seed {seed} ({settings.policy}, {warm.policy.num_parameters()} parameters): "
+            print(f"warm-up seed {seed} ({base.policy}, {warm.policy.num_parameters()} parameters): "
                   f"{'cached' if warm.from_cache else f'{warm.seconds:.0f} s'}, sample accuracy "
-                  f"{warm.sample_accuracy:.2f}, greedy accuracy {warm.greedy_accuracy:.2f}")
-        states[seed] = {"policy_config": warm.policy.config.to_dict(), "state_dict": warm.policy.state_dict()}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jobs_list = [(spec, dataclasses.replace(settings, seed=seed)) for seed in seeds for spec in runs]
-    jobs = max(1, min(jobs, len(jobs_list)))
-    if jobs == 1:
-        summaries = [_run_serial(spec, run_settings, states[run_settings.seed], out_dir, show_progress)
-                     for spec, run_settings in jobs_list]
-    else:
-        summaries = _run_parallel(jobs_list, states, out_dir, jobs, show_progress)
-    summaries.sort(key=lambda row: (labels.index(row["label"]), row["seed"]))
-    _commands(out_dir, command)
-    return _write_outputs(summaries, out_dir, [command])
+                  f"{warm.sample_accuracy:.2f}, greedy accuracy {warm.greedy_accuracy:.2f}", flush=True)
+        buffer = io.BytesIO()
+        torch.save({"policy_config": warm.policy.config.to_dict(), "state_dict": warm.policy.state_dict()}, buffer)
+        states[seed] = buffer.getvalue()
+    tasks = [RunTask(spec, s, states[s.seed]) for spec, s in todo]
+    progress = SweepProgress(tasks, skipped, enabled=show_progress, interval=interval)
+
+    def on_result(task: RunTask, output: tuple[dict[str, Any], dict[str, bytes]]) -> None:
+        commit_run(out_dir, task, output[1], base)
+        progress.finish(task.key, output[0])
+
+    try:
+        executor.run(tasks, progress.event, on_result)
+    except KeyboardInterrupt:
+        progress.close()
+        raise SweepInterrupted(f"interrupted: {progress.finished} of {progress.total_runs} runs are finished and kept "
+                               f"in {out_dir}; rerun the same command to train the rest") from None
+    finally:
+        progress.close()
+
+
+def _summary_of(folder: Path, spec: RunSpec) -> dict[str, Any]:
+    """The summary of a finished run folder."""
+    info, records = _read_run(folder)
+    return summarize(spec, LabSettings(**info["settings"]), records)
+
+
+def _read_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``run.json`` and ``metrics.jsonl`` of a run folder; ValueError naming the file that is unreadable."""
+    path = folder / RUN_FILE
+    try:
+        info = json.loads(path.read_text())
+        RunSpec(info["method"], info["quant"], bool(info["replay"]))
+        LabSettings(**info["settings"])
+        path = folder / "metrics.jsonl"
+        records = read_metrics(path) if path.exists() else []
+        if records and not all(isinstance(r, dict) and "reward" in r for r in records):
+            raise ValueError("a line is not a metrics record")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"{path}: unreadable or malformed ({clip(reason, 120)}); move the run folder {folder} "
+                         "away, or rerun the lab into this --out to train it again") from None
+    return info, records
 
 
 def _write_outputs(summaries: list[dict[str, Any]], out_dir: Path, commands: list[str]) -> LabResult:
@@ -123,93 +178,60 @@ def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-onl
     """Summaries, report and plots of a lab output directory written again from the runs it holds
     (``<label>/seed<k>/run.json`` and ``metrics.jsonl``): after a change of the report, or after more seeds were
     trained into the same directory. Runs keep the order of the previous ``summary.json`` where it lists them; runs
-    that did not finish (no final evaluation) are left out."""
+    that did not finish (no final evaluation) are left out. ValueError naming the file for an unreadable or malformed
+    run file, and for runs trained with different settings (one report is for one set of settings)."""
     found = sorted(out_dir.glob(f"*/seed*/{RUN_FILE}"))
     if not found:
         raise ValueError(f"--report-only: no runs (*/seed*/{RUN_FILE}) in {out_dir}; run the lab into it first")
-    previous_path = out_dir / "summary.json"
-    previous = json.loads(previous_path.read_text()) if previous_path.is_file() else {}
-    order = [row["label"] for row in previous.get("runs", [])]
+    order = _previous_order(out_dir / "summary.json")
     rows = []
     for path in found:
-        info = json.loads(path.read_text())
-        metrics = path.parent / "metrics.jsonl"
-        records = read_metrics(metrics) if metrics.is_file() else []
+        info, records = _read_run(path.parent)
         if not records or "final_eval_acc_engine" not in records[-1]:
             continue
-        rows.append((RunSpec(info["method"], info["quant"], info["replay"]), LabSettings(**info["settings"]), records))
+        rows.append((RunSpec(info["method"], info["quant"], bool(info["replay"])), LabSettings(**info["settings"]),
+                     records, path.parent))
     if not rows:
         raise ValueError(f"--report-only: no finished run in {out_dir}")
+    reference = {k: v for k, v in dataclasses.asdict(rows[0][1]).items() if k != "seed"}
+    for _, settings, _, folder in rows[1:]:
+        other = {k: v for k, v in dataclasses.asdict(settings).items() if k != "seed"}
+        if other != reference:
+            raise ValueError(f"--report-only: {out_dir} holds runs trained with different settings ({rows[0][3]} vs "
+                             f"{folder}: {differences(reference, other)}); one report is for one set of settings - "
+                             "move the runs of each setting into their own --out")
     rows.sort(key=lambda r: (order.index(r[0].label) if r[0].label in order else len(order), r[0].label, r[1].seed))
-    summaries = [summarize(spec, settings, records) for spec, settings, records in rows]
-    return _write_outputs(summaries, out_dir, _commands(out_dir) or [command])
+    summaries = [summarize(spec, settings, records) for spec, settings, records, _ in rows]
+    with OutLock(out_dir):
+        return _write_outputs(summaries, out_dir, _commands(out_dir) or [command])
 
 
-def _bar(label: str, total: int, position: int, enabled: bool) -> Any:
-    """A progress bar (``disable=None``: none when standard error is not a terminal; see :class:`_Progress`)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=f"{label:<30}", position=position, unit="rollout",
-                disable=None if enabled else True, leave=True, dynamic_ncols=True)
-
-
-class _Progress:
-    """One bar per parallel run, whose clock starts when the run starts and stops when it ends; without a terminal,
-    one line per finished run instead of bars."""
-
-    def __init__(self, jobs_list: list[tuple[RunSpec, LabSettings]], enabled: bool) -> None:
-        self.bars = {(spec.label, s.seed): _bar(f"{spec.label} seed {s.seed}", s.steps, i, enabled)
-                     for i, (spec, s) in enumerate(jobs_list)}
-        self.done = dict.fromkeys(self.bars, 0)
-        self.started = dict.fromkeys(self.bars, time.monotonic())
-        self.lines = enabled
-
-    def advance(self, key: tuple[str, int], n: int) -> None:
-        bar = self.bars[key]
-        if n == 0:
-            self.started[key] = time.monotonic()
-            bar.reset()
-            return
-        bar.update(n)
-        self.done[key] += n
-        if self.done[key] == bar.total:
-            bar.close()
-            if bar.disable and self.lines:
-                print(f"{key[0]} seed {key[1]}: {bar.total} rollouts in {time.monotonic() - self.started[key]:.0f} s",
-                      flush=True)
-
-    def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
+def _previous_order(path: Path) -> list[str]:
+    """Run labels in the order of a previous ``summary.json`` (empty when absent or unreadable: it is rewritten)."""
+    try:
+        return [str(row["label"]) for row in json.loads(path.read_text())["runs"]]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return []
 
 
-def _run_serial(spec: RunSpec, settings: LabSettings, policy_state: dict[str, Any], out_dir: Path,
-                show_progress: bool) -> dict[str, Any]:
-    with _bar(f"{spec.label} seed {settings.seed}", settings.steps, 0, show_progress) as bar:
-        return Trainer(spec, settings, policy_state, run_dir(out_dir, spec, settings.seed)).run(bar.update)
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    """A plain-text table, one line per run label: seeds, means over seeds of late accuracy (engine), late reward
+    and discrepancy, and how many seeds collapsed."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in summaries:
+        groups.setdefault(row["label"], []).append(row)
+    header = ("run", "seeds", "late acc", "late reward", "discrepancy", "collapsed")
+    lines = [header]
+    for label, rows in groups.items():
+        def mean(key: str, rows: list[dict[str, Any]] = rows) -> str:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            return fmt(sum(values) / len(values)) if values else "-"
 
-
-def _run_parallel(jobs_list: list[tuple[RunSpec, LabSettings]], states: dict[int, dict[str, Any]], out_dir: Path,
-                  jobs: int, show_progress: bool) -> list[dict[str, Any]]:
-    context = multiprocessing.get_context("spawn")
-    state_bytes = {}
-    for seed, state in states.items():
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        state_bytes[seed] = buffer.getvalue()
-    with context.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        progress = manager.Queue()
-        bars = _Progress(jobs_list, show_progress)
-        futures = [pool.submit(_train_one, spec, s, state_bytes[s.seed], out_dir, progress) for spec, s in jobs_list]
-        while not all(f.done() for f in futures):
-            try:
-                bars.advance(*progress.get(timeout=0.5))
-            except queue.Empty:
-                continue
-        while not progress.empty():
-            bars.advance(*progress.get())
-        bars.close()
-        return [f.result() for f in futures]
+        lines.append((label, ",".join(str(r["seed"]) for r in rows), mean("late_acc_engine"), mean("late_reward"),
+                      mean("discrepancy_mean"), f"{sum(r['collapse_step'] is not None for r in rows)}/{len(rows)}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                               enumerate(zip(line, widths))).rstrip() for line in lines)
 
 
 def default_jobs() -> int:

@@ -108,22 +108,6 @@ def test_a_panel_without_information_is_left_out_and_the_routing_split_shares_on
     assert informative([("a", smooth)]) and not informative([("a", ([0, 1], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]))])
 
 
-def test_parallel_progress_clock_starts_with_the_run_and_reports_each_finished_run(capsys):
-    from mismatch_ctrl.lab.methods import RunSpec
-    from mismatch_ctrl.lab.run import _Progress
-    from mismatch_ctrl.lab.trainer import LabSettings
-
-    jobs = [(RunSpec("grpo", "e4m3"), LabSettings(steps=3, seed=0)), (RunSpec("dcgrpo", "e4m3"), LabSettings(steps=3))]
-    progress = _Progress(jobs, enabled=True)  # pytest's stderr is no terminal: lines instead of bars
-    key = ("grpo@e4m3", 0)
-    progress.advance(key, 0)
-    progress.advance(key, 2)
-    assert capsys.readouterr().out == ""
-    progress.advance(key, 1)
-    progress.close()
-    assert capsys.readouterr().out.strip() == "grpo@e4m3 seed 0: 3 rollouts in 0 s"
-
-
 def test_runs_far_below_the_others_get_their_own_strip_on_a_log_panel():
     def curve(low, high):
         return ([0, 1], [low, high], [low, low], [high, high]), ([0, 1], [low, high], [low, low], [high, high])

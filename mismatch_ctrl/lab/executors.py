@@ -1,0 +1,188 @@
+"""Who trains the runs of a grid: this process (``--jobs 1``), a local pool of spawned processes (one thread each),
+or Ray tasks on a cluster (``--ray-address``: one CPU each, one GPU when the run's device is cuda). Each executor
+calls ``on_event(event)`` for progress (``("start", key)``, ``("step", key, n)``, ``("warn", key, text)``) and
+``on_result(task, files_and_summary)`` as runs finish, in this process; nothing else in the lab knows which one ran.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import multiprocessing
+import queue
+import signal
+import socket
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..formatting import clip
+from .sweep import RunTask, SweepError
+from .trainer import Trainer
+
+RunOutput = tuple[dict[str, Any], dict[str, bytes]]
+"""A finished run: its summary and its files (path relative to the run folder -> bytes)."""
+OnEvent = Callable[[tuple[Any, ...]], None]
+OnResult = Callable[[RunTask, RunOutput], None]
+
+
+class _Forward(logging.Handler):
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.forward = emit
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.forward(record.getMessage())
+
+
+def train_task(task: RunTask, sink: Any) -> RunOutput:
+    """Train one run in a scratch folder and return its summary and files; progress and warnings go to
+    ``sink.put(event)``. The same function runs in this process, a pool worker and a Ray task."""
+    torch.set_num_threads(1)
+    key = task.key
+    sink.put(("start", key))
+    state = torch.load(io.BytesIO(task.policy_bytes), weights_only=True)
+    handler = _Forward(lambda text: sink.put(("warn", key, text)))
+    logger = logging.getLogger("mismatch_ctrl")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="mismatch-ctrl-run-") as scratch:
+            warnings.simplefilter("default")
+            warnings.showwarning = lambda message, category, *_: sink.put(("warn", key, f"{category.__name__}: "
+                                                                                         f"{message}"))
+            folder = Path(scratch) / "run"
+            summary = Trainer(task.spec, task.settings, state, folder).run(lambda n: sink.put(("step", key, n)))
+            files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    finally:
+        logger.removeHandler(handler)
+    return summary, files
+
+
+class Executor(Protocol):
+    """Runs a list of tasks, reporting events and results in the calling process."""
+
+    def connect(self) -> None:
+        """Reach the workers now (before any warm-up), or raise SweepError."""
+
+    def run(self, tasks: list[RunTask], on_event: OnEvent, on_result: OnResult) -> None:
+        """Train ``tasks``; call ``on_event`` with progress and ``on_result`` with each finished run."""
+
+
+class _Direct:
+    def __init__(self, on_event: OnEvent) -> None:
+        self.put = on_event
+
+
+class LocalExecutor:
+    """``jobs`` runs at a time: in this process when ``jobs`` is 1, else in spawned processes (one thread each)."""
+
+    def __init__(self, jobs: int = 1) -> None:
+        self.jobs = jobs
+
+    def connect(self) -> None:
+        """Nothing to reach: the processes start with the sweep."""
+
+    def run(self, tasks: list[RunTask], on_event: OnEvent, on_result: OnResult) -> None:
+        if self.jobs == 1 or len(tasks) <= 1:
+            sink = _Direct(on_event)
+            for task in tasks:
+                on_result(task, train_task(task, sink))
+            return
+        context = multiprocessing.get_context("spawn")
+        with context.Manager() as manager:
+            events = manager.Queue()
+            pool = context.Pool(min(self.jobs, len(tasks)), initializer=_ignore_sigint)
+            try:
+                pending = {i: pool.apply_async(train_task, (task, events)) for i, task in enumerate(tasks)}
+                while pending:
+                    _drain(events, on_event)
+                    for i in [i for i, result in pending.items() if result.ready()]:
+                        on_result(tasks[i], pending.pop(i).get())
+                    if pending:
+                        next(iter(pending.values())).wait(0.2)
+                _drain(events, on_event)
+                pool.close()
+            finally:
+                pool.terminate()
+                pool.join()
+
+
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops them (no traceback from every worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _drain(events: Any, on_event: OnEvent) -> None:
+    while True:
+        try:
+            on_event(events.get_nowait())
+        except queue.Empty:
+            return
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """Refuse a Ray address nothing listens on, fast (``ray.init`` itself may wait for minutes): ``auto`` needs a
+    running local cluster; ``HOST:PORT`` (or ``ray://HOST:PORT``) must accept a TCP connection."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise SweepError("--ray-address: Ray is not installed; pip install 'mismatch-ctrl[ray]'") from None
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise SweepError(f"--ray-address {clip(address, 80)}: expected HOST:PORT (the GCS address `ray start --head` "
+                         "prints, e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise SweepError(f"--ray-address {address}: cannot reach a Ray cluster there ({exc.strerror or exc}); start "
+                         "one with `ray start --head` or give its address") from None
+
+
+class RayExecutor:
+    """One Ray task per run: ``num_cpus=1``, plus ``num_gpus=1`` when the run's ``device`` setting is cuda."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def connect(self) -> None:
+        """Connect now (before any warm-up), or raise SweepError naming the address."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        check_ray_address(self.address)
+        try:
+            ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise SweepError(f"--ray-address {self.address}: cannot connect ({str(exc).splitlines()[0]}); start a "
+                             "cluster with `ray start --head` or give its address") from None
+
+    def run(self, tasks: list[RunTask], on_event: OnEvent, on_result: OnResult) -> None:
+        import ray
+        from ray.util.queue import Queue
+
+        self.connect()
+        events = Queue()
+        refs: dict[Any, RunTask] = {}
+        for task in tasks:
+            gpus = 1 if str(getattr(task.settings, "device", "cpu")).startswith("cuda") else 0
+            remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(train_task)
+            refs[remote.remote(task, events)] = task
+        try:
+            while refs:
+                done, _ = ray.wait(list(refs), num_returns=1, timeout=0.2)
+                for event in events.get_nowait_batch(events.qsize()):
+                    on_event(event)
+                for ref in done:
+                    on_result(refs.pop(ref), ray.get(ref))
+            for event in events.get_nowait_batch(events.qsize()):
+                on_event(event)
+        finally:
+            for ref in refs:
+                ray.cancel(ref, force=True)
+            events.shutdown()

@@ -1,0 +1,245 @@
+"""A lab output directory as a store of finished runs: fingerprints, atomic run folders, the lock, and the checks an
+operator needs before any warm-up work.
+
+A run is a pure function of (method, engine, settings, seed). Its folder ``OUT/<label>/seed<k>/`` appears only once
+the run finished (its files are written to ``OUT/<label>/.seed<k>.partial/`` and renamed), with ``fingerprint.json``:
+every field of the ``RunSpec``, the ``LabSettings``, the ``WarmupConfig`` and the method's ``mismatch_ctrl`` section,
+taken generically from the dataclasses so new fields are covered. A rerun skips runs whose fingerprint matches and
+refuses a directory that holds runs made with other settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..formatting import brief, clip
+from .methods import RunSpec, method_section
+from .trainer import LabSettings
+from .warmup import WarmupConfig
+
+FINGERPRINT_FILE = "fingerprint.json"
+LOCK_FILE = ".lab.lock"
+PARTIAL_SUFFIX = ".partial"
+BYTES_PER_STEP = 4096
+"""A generous size of one rollout's record in ``metrics.jsonl`` (about 1-2 KB measured), for the free-space check."""
+
+
+class SweepError(Exception):
+    """A lab output directory that cannot be used as asked; the message names the path and the fix."""
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One run of a grid: what it trains and the warmed-up policy it starts from (``torch.save`` bytes)."""
+
+    spec: RunSpec
+    settings: LabSettings
+    policy_bytes: bytes
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.spec.label, self.settings.seed
+
+
+def run_dir(out_dir: Path, spec: RunSpec, seed: int) -> Path:
+    """Where one finished run (a method at a seed) lives."""
+    return out_dir / spec.label / f"seed{seed}"
+
+
+def fingerprint_inputs(spec: RunSpec, settings: LabSettings, warmup: WarmupConfig) -> dict[str, Any]:
+    """Everything that determines a run's results, as JSON-ready dictionaries."""
+    return {"run": dataclasses.asdict(spec), "settings": dataclasses.asdict(settings),
+            "warmup": dataclasses.asdict(dataclasses.replace(warmup, seed=settings.seed)),
+            "method_config": method_section(spec.method)}
+
+
+def digest(inputs: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``inputs``."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str:
+    """``field: old -> new`` for each differing leaf of two nested dictionaries (at most ``limit``)."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    parts = [f"{k}: {brief(a.get(k, '<absent>'), 40)} -> {brief(b.get(k, '<absent>'), 40)}" for k in keys[:limit]]
+    return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _shared(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The part of a fingerprint every run of one directory shares: settings and warm-up, seed left out."""
+    return {"settings": {k: v for k, v in inputs["settings"].items() if k != "seed"},
+            "warmup": {k: v for k, v in inputs["warmup"].items() if k != "seed"}}
+
+
+def read_fingerprint(folder: Path) -> dict[str, Any]:
+    """The recorded inputs of a finished run folder; SweepError naming the file if it is unreadable."""
+    path = folder / FINGERPRINT_FILE
+    try:
+        data = json.loads(path.read_text())
+        inputs = data["inputs"]
+        _shared(inputs)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SweepError(f"{path}: unreadable run fingerprint ({clip(str(exc), 120)}); move {folder} away "
+                         "(or delete it) and rerun to train it again") from None
+    return inputs
+
+
+def finished_runs(out_dir: Path) -> dict[Path, dict[str, Any]]:
+    """Every finished run folder under ``out_dir`` with its fingerprint inputs."""
+    return {path.parent: read_fingerprint(path.parent) for path in sorted(out_dir.glob(f"*/seed*/{FINGERPRINT_FILE}"))}
+
+
+def plan(out_dir: Path, grid: list[tuple[RunSpec, LabSettings]], warmup: WarmupConfig) -> list[bool]:
+    """For each run of ``grid``: whether it is already finished in ``out_dir`` (True) or must be trained. Refuses a
+    directory whose runs were made with other settings, or a run folder without a fingerprint."""
+    done = finished_runs(out_dir)
+    for spec, settings in grid:
+        folder = run_dir(out_dir, spec, settings.seed)
+        if folder.is_dir() and folder not in done:
+            raise SweepError(f"{folder}: a run folder without {FINGERPRINT_FILE} (made by an older lab, or not a lab "
+                             "run); move it away or choose another --out")
+    status = []
+    new_inputs = [fingerprint_inputs(spec, settings, warmup) for spec, settings in grid]
+    for folder, inputs in done.items():
+        if _shared(inputs) != _shared(new_inputs[0]):
+            raise SweepError(f"--out {out_dir}: {folder} was trained with other settings "
+                             f"({differences(_shared(inputs), _shared(new_inputs[0]))}); use another --out, or "
+                             "rerun with the settings it was made with")
+    for (spec, settings), inputs in zip(grid, new_inputs):
+        folder = run_dir(out_dir, spec, settings.seed)
+        if folder in done and digest(done[folder]) != digest(inputs):
+            raise SweepError(f"{folder}: made with other settings ({differences(done[folder], inputs)}); use "
+                             "another --out or move that folder away")
+        status.append(folder in done)
+    return status
+
+
+def clean_partial(out_dir: Path) -> list[Path]:
+    """Remove the unfinished run folders a killed sweep left (``<label>/.seed<k>.partial``); return them."""
+    removed = sorted(out_dir.glob(f"*/.seed*{PARTIAL_SUFFIX}"))
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+def commit_run(out_dir: Path, task: RunTask, files: dict[str, bytes], warmup: WarmupConfig) -> Path:
+    """Write a finished run's ``files`` (relative path -> content) and its fingerprint into its folder atomically:
+    into ``.seed<k>.partial`` first, then one rename."""
+    final = run_dir(out_dir, task.spec, task.settings.seed)
+    partial = final.parent / f".{final.name}{PARTIAL_SUFFIX}"
+    inputs = fingerprint_inputs(task.spec, task.settings, warmup)
+    try:
+        if partial.exists():
+            shutil.rmtree(partial)
+        for name, content in files.items():
+            target = partial / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        (partial / FINGERPRINT_FILE).write_text(json.dumps({"sha256": digest(inputs), "inputs": inputs}, indent=1,
+                                                           default=str) + "\n")
+        os.replace(partial, final)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise SweepError(f"--out {out_dir}: cannot write run {task.spec.label} seed {task.settings.seed} to "
+                         f"{exc.filename or final} ({exc.strerror or exc}); free space or choose another --out, then "
+                         "rerun: finished runs are kept") from None
+    return final
+
+
+def check_names(out_dir: Path, specs: list[RunSpec]) -> None:
+    """Refuse run labels that cannot be folder names under ``out_dir`` (too long), before any work."""
+    try:
+        limit = os.pathconf(out_dir, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for spec in specs:
+        if len(spec.label.encode()) + len(PARTIAL_SUFFIX) + 1 > limit:
+            raise SweepError(f"--methods: run name {clip(spec.label, 60)!r} is {len(spec.label.encode())} bytes, too "
+                             f"long for a folder name under {out_dir} (at most {limit - len(PARTIAL_SUFFIX) - 1})")
+
+
+def check_writable(directory: Path, flag: str, needed: int = 0) -> None:
+    """Create ``directory`` if needed and write a probe file into it; SweepError naming ``flag`` and the path when
+    it is read-only, not a directory, or has less than ``needed`` bytes free."""
+    probe = directory / f".probe-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"0" * 1024)
+        probe.unlink()
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        if directory.is_dir():
+            probe.unlink(missing_ok=True)
+        raise SweepError(f"{flag} {directory}: cannot write there ({exc.strerror or exc}); choose a writable "
+                         "directory with free space") from None
+    if free < needed:
+        raise SweepError(f"{flag} {directory}: {free / 1e6:.1f} MB free, the runs need about {needed / 1e6:.1f} MB; "
+                         "free space or choose another directory")
+
+
+class OutLock:
+    """``OUT/.lab.lock`` holding this process's pid while a lab process writes into ``OUT``: a second process
+    refuses; a lock left by a dead process is taken over (with a message)."""
+
+    def __init__(self, out_dir: Path, log: Any = print) -> None:
+        self.path = out_dir / LOCK_FILE
+        self.log = log
+        self.held = False
+
+    def __enter__(self) -> OutLock:
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid = self._owner()
+                if pid is not None and _alive(pid):
+                    raise SweepError(f"--out {self.path.parent}: another lab process (pid {pid}) is writing there "
+                                     f"(lock {self.path}); wait for it, or use another --out") from None
+                self.log(f"taking over the stale lock {self.path} (its process {pid} is gone)")
+                self.path.unlink(missing_ok=True)
+                continue
+            except OSError as exc:
+                raise SweepError(f"--out {self.path.parent}: cannot create the lock {self.path} "
+                                 f"({exc.strerror or exc}); choose a writable directory") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            self.held = True
+            return self
+        raise SweepError(f"--out {self.path.parent}: cannot take the lock {self.path}; remove it if no lab runs there")
+
+    def _owner(self) -> int | None:
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.held and self._owner() == os.getpid():
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True

@@ -1,0 +1,39 @@
+"""Tiny lab sweeps for the sweep tests: a warm-up of a few steps, rollouts of 4 prompts x 4 samples, and the real
+``mismatch-ctrl lab`` command line with that warm-up (in this process or in a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mismatch_ctrl.lab.warmup import WarmupConfig
+
+TINY_WARMUP = WarmupConfig(d_model=32, n_layers=1, d_ff=16, steps=3, max_steps=3, batch_size=16,
+                           min_sample_accuracy=0.0, eval_prompts=8, eval_samples=1)
+TINY_FLAGS = ["--prompts", "4", "--samples", "4", "--eval-every", "1000"]
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import sys
+from mismatch_ctrl import cli
+from mismatch_ctrl.lab import run
+sys.path.insert(0, {tests!r})
+from sweep_helpers import TINY_WARMUP
+run.warmup_preset = lambda task, policy: TINY_WARMUP
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def lab_command(out: Path, cache: Path, *args: str) -> list[str]:
+    """The arguments of ``mismatch-ctrl lab`` (without the program) for a tiny sweep into ``out``."""
+    return ["lab", "--out", str(out), "--cache-dir", str(cache), *TINY_FLAGS, *args]
+
+
+def start_lab(out: Path, cache: Path, *args: str) -> subprocess.Popen:
+    """``mismatch-ctrl lab`` with the tiny warm-up in a subprocess (its own process, for signals and the lock)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-c", SCRIPT.format(tests=str(Path(__file__).parent)),
+                             *lab_command(out, cache, *args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
