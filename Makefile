@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 .PHONY: help venv test demo bench lint clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' -e 's|$$(OUT)|$(OUT)|' -e 's|$$(VENV)|$(VENV)|'
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
