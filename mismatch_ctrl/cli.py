@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--quant", type=options.quant_list,
                      help="comma list of rollout engines (doses) for runs without @QUANT: runs = methods x engines x "
                           "seeds, paired by seed. Engines: none (exact fp32), bf16, e4m3 (FP8 weights, activations "
-                          "and LM head), e4m3-w (FP8 weights only), e5m2, nvfp4 (E2M1, E4M3 scale per 16, fp32 "
+                          "and LM head), e4m3-w (FP8 weights only), e5m2, e5m2-w, nvfp4 (E2M1, E4M3 scale per 16, fp32 "
                           "scale per tensor), mxfp4 (E2M1, power-of-two scale per 32), int4 (weights in groups of "
                           "128), tempX (exact weights, engine logits divided by X: the continuous dose, e.g. "
                           "temp1.01); suffix +router also quantises the MoE router, +tempX adds the engine "

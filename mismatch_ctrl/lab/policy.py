@@ -1,6 +1,6 @@
 """Tiny decoder-only transformer policy (fp32): pre-norm blocks, learned positions, KV cache, response log-probs.
 
-Two kinds (``POLICY_KINDS``): ``dense`` (each block's MLP is fc1 -> GELU -> fc2) and ``moe`` (each block's MLP is a
+Kinds (``POLICY_KINDS``): ``dense`` (each block's MLP is fc1 -> GELU -> fc2), ``moe`` and ``moe-large`` (each block's MLP is a
 top-k mixture of experts, Qwen3-MoE style: a linear router ``gate``, the top-k experts of its logits, their outputs
 weighted by the softmax over the chosen logits). A forward pass returns the expert sets it used (``Forward.routing``)
 and can be told to use given ones instead (``replay``: slime's rollout routing replay, R3).
@@ -26,9 +26,12 @@ PolicyKind = Literal["dense", "moe"]
 POLICY_KINDS: dict[str, dict[str, int]] = {
     "dense": {"d_ff": 256},
     "moe": {"d_ff": 32, "n_experts": 8, "top_k": 2},
+    "moe-large": {"d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 128, "n_experts": 16, "top_k": 2},
 }
-"""MLP shape of each policy kind. On ``add`` the MoE has 105,664 parameters and the dense 103,744 (the MoE's 8 experts
-of width 32 hold as many weights as the dense MLP of width 256; each token uses 2 of them)."""
+"""Shape of each policy kind (what it leaves out is ``PolicyConfig``'s default). On ``add`` the MoE has 105,664
+parameters and the dense 103,744 (the MoE's 8 experts of width 32 hold as many weights as the dense MLP of width 256;
+each token uses 2 of them). ``moe-large``, for a GPU: 4 layers of width 256, 16 experts of width 128, top-2; 5.3M
+parameters on ``add`` (``test_lab_engine``)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class PolicyConfig:
 
     @classmethod
     def of_kind(cls, kind: str, task: Task, **shape: int) -> PolicyConfig:
-        """Config of a policy kind (``POLICY_KINDS``) for a task; ``shape`` overrides the kind's MLP shape."""
+        """Config of a policy kind (``POLICY_KINDS``) for a task; ``shape`` overrides the kind's shape."""
         if kind not in POLICY_KINDS:
             raise ValueError(f"policy: unknown kind {kind!r}; choose one of {sorted(POLICY_KINDS)}")
         return cls.for_task(task, **{**POLICY_KINDS[kind], **shape})

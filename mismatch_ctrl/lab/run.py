@@ -79,7 +79,7 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
     states = {}
     for seed in seeds:
         warm = warmup_policy(dataclasses.replace(base, seed=seed), cache_dir=cache_dir,
-                             log=print if show_progress else None)
+                             log=print if show_progress else None, device=settings.device)
         if show_progress:
             print(f"warm-up seed {seed} ({settings.policy}, {warm.policy.num_parameters()} parameters): "
                   f"{'cached' if warm.from_cache else f'{warm.seconds:.0f} s'}, sample accuracy "

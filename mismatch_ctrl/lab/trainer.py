@@ -181,6 +181,11 @@ def collapse_step(rewards: list[float], window: int) -> int | None:
     return candidate
 
 
+def blow_up_step(records: list[dict[str, Any]]) -> int | None:
+    """First rollout whose engine logits turned NaN or infinite in some sample (a blown-up policy), else None."""
+    return next((i for i, r in enumerate(records) if r.get("engine_nonfinite_fraction", 0.0) > 0), None)
+
+
 class Trainer:
     """One lab run: a policy, its rollout engine, an optimizer and the slime-shaped arguments of the hooks."""
 
@@ -192,7 +197,8 @@ class Trainer:
         self.policy = TinyPolicy(PolicyConfig(**policy_state["policy_config"]))
         self.policy.load_state_dict(policy_state["state_dict"])
         self.policy.to(self.device)
-        if self.policy.config.kind != settings.policy:
+        expected = "moe" if POLICY_KINDS[settings.policy].get("n_experts") else "dense"
+        if self.policy.config.kind != expected:
             raise ValueError(f"policy: the settings say {settings.policy!r} but the weights are of a "
                              f"{self.policy.config.kind!r} policy")
         if spec.replay and not self.policy.config.n_experts:
@@ -240,7 +246,8 @@ class Trainer:
         routed: dict[str, float | None] = {}
         if routing is not None:
             prob_diff = (old.exp() - rollout.rollout_log_probs.exp()).abs()
-            routed = routing_metrics(routing, rollout.routing, rollout.prompt_len, mask, prob_diff)
+            routed = routing_metrics(routing, rollout.routing, rollout.prompt_len, mask & prob_diff.isfinite(),
+                                     prob_diff)
         lengths = rollout.response_lengths.tolist()
         segments = Segments(lengths, self.device)
         data = {
@@ -342,7 +349,9 @@ def _mean(values: list[float]) -> float | None:
 def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]]) -> dict[str, Any]:
     """One row of the report: accuracies (start, final, best, and ``late``: the mean over the evaluations of the last
     quarter of the rollouts and the final one), reward, discrepancy (mean, max, first and last quarter), routing
-    flips, collapse step and wall time of a run."""
+    flips, collapse step (``collapse_step`` on the rewards or ``blow_up_step``, whichever comes first), the share of
+    samples whose engine logits turned non-finite (a blown-up policy) and wall
+    time of a run."""
     evals = [r for r in records if "eval_acc_engine" in r]
     last = records[-1]
     evals.append({"step": len(records), "eval_acc_engine": last["final_eval_acc_engine"],
@@ -375,7 +384,9 @@ def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]
         **{key: mean_of(key) for key in layer_keys},
         "discrepancy_flipped": mean_of("discrepancy_flipped"),
         "discrepancy_unflipped": mean_of("discrepancy_unflipped"),
-        "collapse_step": collapse_step(rewards, settings.collapse_window),
+        "collapse_step": min(steps, default=None) if (steps := [s for s in (
+            collapse_step(rewards, settings.collapse_window), blow_up_step(records)) if s is not None]) else None,
+        "engine_nonfinite_fraction": mean_of("engine_nonfinite_fraction") or 0.0,
         "seconds": records[-1]["seconds"],
         "seconds_per_step": records[-1]["seconds"] / len(records),
     }
