@@ -170,13 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "scale per tensor), mxfp4 (E2M1, power-of-two scale per 32), int4 (weights in groups of "
                           "128), tempX (exact weights, engine logits divided by X: the continuous dose, e.g. "
                           "temp1.01); suffix +router also quantises the MoE router, +tempX adds the engine "
-                          f"temperature to a quantised engine, e.g. nvfp4+router, e4m3+temp1.05 (default: {d['quant']})")
+                          "temperature to a quantised engine, e.g. nvfp4+router, e4m3+temp1.05 (default: "
+                          f"{d['quant']})")
     lab.add_argument("--policy", type=options.policy_kind,
-                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256); 105,664 / 103,744 "
-                          f"parameters (default: {d['policy']})")
+                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256): 105,664 / "
+                          "103,744 parameters; moe-large (4 layers of width 256, 16 experts of width 128, top-2: 5.3M "
+                          f"parameters, for a GPU) (default: {d['policy']})")
     lab.add_argument("--task", choices=sorted(WARMUP_PRESETS),
-                     help="add (reversed addition, ~5-token answers) or reverse (long answers, 32-64 tokens: the "
-                          f"stress task) (default: {d['task']})")
+                     help="add (reversed addition, ~5-token answers), reverse (32-64-token answers) or reverse-long "
+                          f"(64-128-token answers: the long-answer regime) (default: {d['task']})")
     lab.add_argument("--steps", type=options.positive_int,
                      help=f"rollouts (training iterations) per run (default: {d['steps']})")
     lab.add_argument("--lr", type=options.learning_rate, help=f"Adam learning rate (default: {d['lr']})")

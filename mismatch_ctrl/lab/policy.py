@@ -1,9 +1,9 @@
 """Tiny decoder-only transformer policy (fp32): pre-norm blocks, learned positions, KV cache, response log-probs.
 
-Kinds (``POLICY_KINDS``): ``dense`` (each block's MLP is fc1 -> GELU -> fc2), ``moe`` and ``moe-large`` (each block's MLP is a
-top-k mixture of experts, Qwen3-MoE style: a linear router ``gate``, the top-k experts of its logits, their outputs
-weighted by the softmax over the chosen logits). A forward pass returns the expert sets it used (``Forward.routing``)
-and can be told to use given ones instead (``replay``: slime's rollout routing replay, R3).
+Kinds (``POLICY_KINDS``): ``dense`` (each block's MLP is fc1 -> GELU -> fc2), ``moe`` and ``moe-large`` (each
+block's MLP is a top-k mixture of experts, Qwen3-MoE style: a linear router ``gate``, the top-k experts of its
+logits, their outputs weighted by the softmax over the chosen logits). A forward pass returns the expert sets it used
+(``Forward.routing``) and can be told to use given ones instead (``replay``: slime's rollout routing replay, R3).
 
 Every matrix multiply is an ``nn.Linear`` (attention qkv/proj, dense MLP fc1/fc2, router gate, untied ``lm_head``)
 or the stacked expert weights of ``Experts``, so that ``quant.quantize_model`` can swap them for quantised copies.

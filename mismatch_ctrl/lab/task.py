@@ -264,7 +264,8 @@ TASKS: dict[str, type[Task]] = {"add": AdditionTask, "reverse": ReverseTask, "re
 
 
 def make_task(name: str, **options: object) -> Task:
-    """Task by name (``"add"``, ``"reverse"`` or ``"reverse-long"``) with constructor options, e.g. ``make_task("add", seed=3)``."""
+    """Task by name (``"add"``, ``"reverse"`` or ``"reverse-long"``) with constructor options, e.g.
+    ``make_task("add", seed=3)``."""
     if name not in TASKS:
         raise ValueError(f"task: unknown name {name!r}; choose one of {sorted(TASKS)}")
     return TASKS[name](**options)

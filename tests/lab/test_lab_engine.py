@@ -203,3 +203,20 @@ def test_bad_arguments_are_named():
         engine.generate(prompts(2), max_new_tokens=100)
     with pytest.raises(ValueError, match="unknown"):
         RolloutEngine(peaked_policy(), quant="fp6")
+
+
+def test_moe_large_policy_for_a_gpu_has_1_to_10_million_parameters_and_runs():
+    from mismatch_ctrl.lab.warmup import WarmupConfig, warmup_preset
+
+    config = PolicyConfig.of_kind("moe-large", AdditionTask())
+    assert (config.d_model, config.n_layers, config.n_experts, config.top_k) == (256, 4, 16, 2)
+    policy = TinyPolicy(config)
+    assert policy.num_parameters() == 5_307_136
+    rollout = RolloutEngine(policy, "nvfp4+router").generate(AdditionTask().make_prompts(2, torch.Generator()), 2,
+                                                              max_new_tokens=3, generator=torch.Generator())
+    assert rollout.routing.shape[2:] == (4, 2)
+    warm = warmup_preset("add", "moe-large")
+    assert warm.policy_config(warm.make_task()) == config
+    # the shape fields resolve to the kind's: an explicit default shape is the same warm-up (same cache key)
+    assert WarmupConfig().key() == WarmupConfig(d_model=64, n_layers=2, n_heads=4).key()
+    assert WarmupConfig().key() != WarmupConfig(d_model=32).key()

@@ -239,7 +239,7 @@ def test_presets_fill_unset_options_and_flags_override_them():
     for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
         o = resolve(parser.parse_args(["lab", "--preset", name]))
         assert set(preset) <= set(LAB_DEFAULTS)
-        [RunSpec.parse(m, o["quant"], 8) for m in o["methods"].split(",")]
+        RunSpec.expand(o["methods"].split(","), o["quant"].split(","), 8)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda on a machine without CUDA")
