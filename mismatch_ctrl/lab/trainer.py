@@ -89,7 +89,8 @@ class LabSettings:
             raise ValueError("samples_per_prompt must be >= 2 (GRPO normalises rewards within a prompt's group)")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        check_device(self.device)
+        if self.device not in DEVICES:
+            raise ValueError(f"device: expected one of {list(DEVICES)}, got {self.device!r}")
 
     @property
     def global_batch_size(self) -> int:
@@ -193,6 +194,7 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.spec, self.settings, self.out_dir = spec, settings, out_dir
         self.task = make_task(settings.task, seed=settings.seed)
+        check_device(settings.device)
         self.device = torch.device(settings.device)
         self.policy = TinyPolicy(PolicyConfig(**policy_state["policy_config"]))
         self.policy.load_state_dict(policy_state["state_dict"])

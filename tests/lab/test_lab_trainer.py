@@ -250,8 +250,11 @@ def test_cli_refuses_cuda_without_a_gpu_and_auto_picks_cpu(tmp_path, monkeypatch
     assert exit_info.value.code == 2
     assert "argument --device: cuda requested but torch finds no CUDA GPU" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["lab"]).device == "cpu"
+    settings = LabSettings(device="cuda", policy="dense")  # a GPU run's settings still read back (--report-only)
     with pytest.raises(ValueError, match="device: cuda requested"):
-        LabSettings(device="cuda")
+        Trainer(RunSpec.parse("grpo", "e4m3"), settings, random_policy_state(), tmp_path)
+    with pytest.raises(ValueError, match="device: expected one of"):
+        LabSettings(device="gpu")
 
 
 def test_help_lists_every_engine_and_method_unbroken(capsys):
