@@ -14,10 +14,10 @@ Rounding is round-to-nearest-even by casting to ``torch.float8_e4m3fn`` (max 448
 tables to bfloat16 (a mild, BF16-engine-like mismatch).
 
 Mixture-of-experts layers: every expert's two matrices are quantised like the other linears (one block-scaled
-matrix per expert, activations per token and expert); the router ``gate`` is never quantised, as FP8 checkpoints
-of Qwen3-MoE keep ``mlp.gate`` out of the FP8 conversion. Routing flips therefore come from the quantised hidden
-states the router reads, as on the real stack; ``router=True`` (mode suffix ``+router``) quantises the router like
-the other linears, a configuration people run, which flips more experts.
+matrix per expert, activations per token and expert); by default the router ``gate`` is not quantised, as FP8
+checkpoints of Qwen3-MoE keep ``mlp.gate`` out of the FP8 conversion. Routing flips therefore come from the
+quantised hidden states the router reads, as on the real stack; ``router=True`` (mode suffix ``+router``) quantises
+the router like the other linears, a configuration people run, which flips more experts.
 
 Past FP8 (``fp4.py``): ``nvfp4`` and ``mxfp4`` (E2M1 values with 16- / 32-element block scales; weights, activations
 and LM head) and ``int4`` (symmetric weights in groups of ``block`` = 128 per row, LM head included, activations
@@ -53,7 +53,7 @@ WEIGHT_ONLY_FORMATS = ("int4",)
 FORMATS = ("none", "bf16", *FP8_FORMATS, *FP4_FORMATS)
 BLOCK = 128
 ROUTER_NAME = "gate"
-"""Name of the MoE router's linear layer, which the engine keeps in full precision."""
+"""Name of the MoE router's linear layer, kept in full precision by the engine unless ``QuantConfig.router``."""
 
 
 def _fp8(fmt: str) -> tuple[torch.dtype, float]:
@@ -185,8 +185,9 @@ class QuantConfig:
 
     @classmethod
     def from_mode(cls, mode: str) -> QuantConfig:
-        """Config of a mode name ``BASE[+router][+tempX]`` (BASE a name of ``QUANT_MODES``) or ``tempX[+router]``
-        (exact weights; x a number > 0), e.g. ``nvfp4+router``, ``temp1.05``, ``e4m3+temp1.01``."""
+        """Config of a mode name ``BASE[+router][+tempX]`` (BASE a name of ``QUANT_MODES``; ``+router`` not on
+        ``none``) or ``tempX`` (exact weights; x a number > 0), e.g. ``nvfp4+router``, ``temp1.05``,
+        ``e4m3+temp1.01``."""
         base, *suffixes = mode.strip().split("+")
         config = _temperature_mode(base, mode)
         if config is None:

@@ -386,8 +386,8 @@ def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]
         **{key: mean_of(key) for key in layer_keys},
         "discrepancy_flipped": mean_of("discrepancy_flipped"),
         "discrepancy_unflipped": mean_of("discrepancy_unflipped"),
-        "collapse_step": min(steps, default=None) if (steps := [s for s in (
-            collapse_step(rewards, settings.collapse_window), blow_up_step(records)) if s is not None]) else None,
+        "collapse_step": min((step for step in (collapse_step(rewards, settings.collapse_window),
+                                                blow_up_step(records)) if step is not None), default=None),
         "engine_nonfinite_fraction": mean_of("engine_nonfinite_fraction") or 0.0,
         "seconds": records[-1]["seconds"],
         "seconds_per_step": records[-1]["seconds"] / len(records),
