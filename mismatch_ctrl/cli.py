@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "mismatch_ctrl's slime hooks as slime does. Writes OUT/report.md, OUT/summary.json, "
                     "OUT/plots/*.png and OUT/<run>/seed<k>/metrics.jsonl.")
     presets = "; ".join(f"{name}: " + (", ".join(f"{k} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
-                                                 for k, v in values.items()) or "the defaults")
+                                                 for k, v in values.items()).replace(",", ", ") or "the defaults")
                         for name, values in sorted(options.LAB_PRESETS.items()))
     lab.add_argument("--preset", choices=sorted(options.LAB_PRESETS),
                      help=f"named settings, explicit flags override them ({presets})")
