@@ -79,7 +79,7 @@ def fake_quantize_mxfp4(x: Tensor, block: int = MXFP4_BLOCK) -> Tensor:
     """MXFP4 quantise-dequantise of x along its last dimension (see module)."""
     blocks, bad = _blocks(x, block)
     absmax = _finite_absmax(blocks, bad)
-    exponent = torch.floor(torch.log2(absmax.clamp_min(torch.finfo(torch.float32).tiny))) - E2M1_EMAX
+    exponent = torch.frexp(absmax).exponent.float() - 1 - E2M1_EMAX  # frexp: absmax = m 2**e, m in [0.5, 1)
     scale = torch.where(absmax > 0, torch.exp2(exponent.clamp(-127, 127)), torch.ones_like(absmax))
     return _unblock(round_e2m1(blocks / scale) * scale, bad, x)
 

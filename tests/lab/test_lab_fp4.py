@@ -176,6 +176,14 @@ def test_edge_cases_zeros_equal_blocks_tails_and_nonfinite():
         check(got, loop(x.tolist()))
 
 
+def test_mxfp4_scale_exponent_is_exact_just_below_a_power_of_two():
+    below = torch.nextafter(torch.tensor(4.0), torch.tensor(0.0))  # 4 - 2**-22: floor(log2) = 1, scale 2**-1
+    x = torch.stack([below, torch.tensor(4.0), torch.tensor(2.0**-130)])[:, None]  # one element per block (row)
+    got = fake_quantize_mxfp4(x)
+    check(got, mxfp4_loop(x.tolist()))
+    assert got[0, 0] == 3.0  # below / 0.5 = 7.99.. saturates at 6 -> 3.0; a scale of 1 would give 4.0
+
+
 def test_nvfp4_block_scale_that_rounds_to_zero_gives_zeros():
     x = torch.tensor([[1e6] * 16 + [1e-6] * 16])
     got = fake_quantize_nvfp4(x)
