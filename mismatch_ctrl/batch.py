@@ -218,6 +218,9 @@ class TokenBatch:
                     f"{name} must be a flat tensor of {segments.num_tokens} tokens (the sum of the response lengths), "
                     f"got shape {tuple(t.shape)}"
                 )
+            if name != "mask" and not t.is_floating_point():
+                raise InputError(f"{name} must hold floating-point log-probs, got dtype {t.dtype}: integer or boolean "
+                                 "values are token ids or masks, not log-probs (check which list was passed)")
         train = train_log_probs.detach().float()
         rollout = rollout_log_probs.detach().float()
         raw_mask = mask.detach()

@@ -74,17 +74,13 @@ def _lab(ns: argparse.Namespace) -> int:
     try:
         experts = POLICY_KINDS[o["policy"]].get("n_experts", 0)
         try:
-            runs = [RunSpec.parse(m, o["quant"], experts) for m in o["methods"].split(",") if m.strip()]
+            runs = RunSpec.expand(o["methods"].split(","), o["quant"].split(","), experts)
         except (ValueError, ConfigError) as exc:
             raise ValueError(f"--methods: {exc}") from None
-        labels = [run.label for run in runs]
-        if not runs:
-            raise ValueError("--methods: give at least one METHOD[@QUANT][+r3]")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"--methods: each run once, got {', '.join(labels)}")
         settings = LabSettings(task=o["task"], policy=o["policy"], steps=o["steps"], lr=o["lr"],
                                seed=o["seeds"][0], eval_every=o["eval_every"], prompts_per_step=o["prompts"],
-                               samples_per_prompt=o["samples"], dump_details=ns.dump_details)
+                               samples_per_prompt=o["samples"], optimizer_steps=o["num_steps_per_rollout"],
+                               dump_details=ns.dump_details, device=ns.device)
     except (ValueError, ConfigError) as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 2
@@ -187,31 +183,47 @@ def build_parser() -> argparse.ArgumentParser:
     d = options.LAB_DEFAULTS
     lab = sub.add_parser(
         "lab", help="CPU lab: FP8-engine RL on a tiny MoE policy, every method through the slime hooks",
+        formatter_class=options.UnbrokenNamesHelpFormatter,
         description="Warm up a tiny transformer (mixture-of-experts by default) on a verifiable task (cached), then "
                     "train it with GRPO from rollouts of an FP8-quantised copy, once per method and seed, calling "
                     "mismatch_ctrl's slime hooks as slime does. Writes OUT/report.md, OUT/summary.json, "
                     "OUT/plots/*.png and OUT/<run>/seed<k>/metrics.jsonl.")
     presets = "; ".join(f"{name}: " + (", ".join(f"{k} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
-                                                 for k, v in values.items()) or "the defaults")
+                                                 for k, v in values.items()).replace(",", ", ") or "the defaults")
                         for name, values in sorted(options.LAB_PRESETS.items()))
     lab.add_argument("--preset", choices=sorted(options.LAB_PRESETS),
                      help=f"named settings, explicit flags override them ({presets})")
+    from .lab.methods import method_names
+
     lab.add_argument("--methods", help="comma list of runs METHOD[@QUANT][+r3]; METHOD is a configs/methods file or a "
-                                       "lab variant (dcgrpo_tight_noguard, dcgrpo_tight_guard, dcgrpo_centered, "
-                                       "geo_rs_e4m3, geo_rs_e5m2); +r3: rollout routing replay (needs --policy moe) "
-                                       f"(default: {d['methods']})")
-    lab.add_argument("--quant", type=options.quant_mode,
-                     help="rollout engine quantisation for runs without @QUANT: e4m3 (weights, activations and LM "
-                          f"head), e4m3-w (weights only), e5m2, bf16, none (default: {d['quant']})")
+                                       f"lab variant ({', '.join(method_names())}); @QUANT pins the run's engine, "
+                                       "otherwise the run is repeated for every --quant engine; +r3: rollout routing "
+                                       f"replay (needs a MoE --policy) (default: {d['methods']})")
+    lab.add_argument("--quant", type=options.quant_list,
+                     help="comma list of rollout engines (doses) for runs without @QUANT: runs = methods x engines x "
+                          "seeds, paired by seed. Engines: none (exact fp32), bf16, e4m3 (FP8 weights, activations "
+                          "and LM head), e4m3-w (FP8 weights only), e5m2, e5m2-w, nvfp4 (E2M1, E4M3 scale per 16, fp32 "
+                          "scale per tensor), mxfp4 (E2M1, power-of-two scale per 32), int4 (weights in groups of "
+                          "128), tempX (exact weights, engine logits divided by X: the continuous dose, e.g. "
+                          "temp1.01); suffix +router also quantises the MoE router, +tempX adds the engine "
+                          "temperature to a quantised engine, e.g. nvfp4+router, e4m3+temp1.05 (default: "
+                          f"{d['quant']})")
     lab.add_argument("--policy", type=options.policy_kind,
-                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256); 105,664 / 103,744 "
-                          f"parameters (default: {d['policy']})")
+                     help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256): 105,664 / "
+                          "103,744 parameters; moe-large (4 layers of width 256, 16 experts of width 128, top-2: 5.3M "
+                          f"parameters, for a GPU) (default: {d['policy']})")
     lab.add_argument("--task", choices=sorted(WARMUP_PRESETS),
-                     help="add (reversed addition, ~5-token answers) or reverse (long answers, 32-64 tokens: the "
-                          f"stress task) (default: {d['task']})")
+                     help="add (reversed addition, ~5-token answers), reverse (32-64-token answers) or reverse-long "
+                          f"(64-128-token answers: the long-answer regime) (default: {d['task']})")
     lab.add_argument("--steps", type=options.positive_int,
                      help=f"rollouts (training iterations) per run (default: {d['steps']})")
     lab.add_argument("--lr", type=options.learning_rate, help=f"Adam learning rate (default: {d['lr']})")
+    lab.add_argument("--num-steps-per-rollout", type=options.positive_int,
+                     help="optimizer steps per rollout, K >= 1 (slime's name): the rollout is split into K batches, "
+                          "so steps 2..K train off-policy (default: "
+                          f"{d['num_steps_per_rollout']})")
+    lab.add_argument("--device", type=options.device_name, default="auto",
+                     help="auto (cuda when torch finds a CUDA GPU, else cpu), cpu or cuda (default: auto)")
     lab.add_argument("--seeds", type=options.seed_list,
                      help="comma list of seeds; each seeds a warm-up and one run of every method, and the report "
                           f"gives mean and 95%% interval over them (default: {','.join(map(str, d['seeds']))})")

@@ -2,7 +2,8 @@
 
 Mirrors SGLang in slime: the engine holds FP8 (or BF16) weights re-quantised from the trainer's fp32 weights at every
 ``sync``; each sampled token's log-prob is ``log_softmax(logits / temperature)`` from the same forward that sampled
-it; a response stops at EOS, which is its last token. Each prompt is prefilled once and its KV cache shared by its
+it (the logits divided by the engine's own ``engine_temperature`` too, 1 unless a ``tempX`` mode asks otherwise);
+a response stops at EOS, which is its last token. Each prompt is prefilled once and its KV cache shared by its
 samples; decoding runs one batch over all prompts x samples. For a mixture-of-experts policy the engine records the
 expert set it used at every position it computed, prompt positions included (SGLang's ``return_routed_experts``,
 slime's ``Sample.rollout_routed_experts`` of shape [tokens - 1, layers, top_k]).
@@ -29,7 +30,8 @@ class Rollout:
     the engine's log-prob of each generated token, 0 after the end; truncated: BoolTensor [N], True when the
     response hit ``max_new_tokens`` without EOS; routing (MoE only, else None): LongTensor [N, P + R - 1, layers,
     top_k], the expert sets of the positions the engine fed (``tokens[:, :-1]``; after a response's end, whatever
-    the engine computed there).
+    the engine computed there); nonfinite: BoolTensor [N], True when the engine's logits turned NaN or infinite
+    during the response (a blown-up policy; the response was ended with EOS there, see ``_next_token``).
     """
 
     prompts: Tensor
@@ -39,6 +41,7 @@ class Rollout:
     truncated: Tensor
     n_samples: int
     routing: Tensor | None = None
+    nonfinite: Tensor | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -52,12 +55,12 @@ class Rollout:
     @property
     def response_mask(self) -> Tensor:
         """BoolTensor [N, R], True on generated tokens."""
-        return torch.arange(self.responses.shape[1]) < self.response_lengths[:, None]
+        return torch.arange(self.responses.shape[1], device=self.responses.device) < self.response_lengths[:, None]
 
     @property
     def group_ids(self) -> Tensor:
         """Index of each sample's prompt, LongTensor [N]."""
-        return torch.arange(self.prompts.shape[0]) // self.n_samples
+        return torch.arange(self.prompts.shape[0], device=self.prompts.device) // self.n_samples
 
     def response_lists(self) -> list[list[int]]:
         """Generated token ids per sample (slime's ``response`` tokens)."""
@@ -98,7 +101,7 @@ class RolloutEngine:
         return self._decode(prompts, n_samples, temperature, max_new_tokens, generator)
 
     def greedy(self, prompts: Tensor, max_new_tokens: int | None = None) -> Rollout:
-        """Greedy (argmax) responses, one per prompt; log-probs at temperature 1."""
+        """Greedy (argmax) responses, one per prompt; log-probs at temperature 1 (times the engine temperature)."""
         return self._decode(prompts, 1, None, max_new_tokens, None)
 
     def score(
@@ -110,7 +113,8 @@ class RolloutEngine:
     ) -> tuple[Tensor, Tensor | None]:
         """The engine's teacher-forced log-probs and routing (see ``TinyPolicy.score``), without the KV cache."""
         with torch.inference_mode():
-            log_probs, routing, _ = self.model.score(tokens, prompt_len, response_mask, temperature)
+            log_probs, routing, _ = self.model.score(tokens, prompt_len, response_mask,
+                                                     temperature * self.quant.engine_temperature)
         return log_probs.clone(), None if routing is None else routing.clone()
 
     def _decode(
@@ -133,6 +137,8 @@ class RolloutEngine:
                 f"max_new_tokens must be in 1..{room} (policy max_len {self.model.config.max_len} minus prompt "
                 f"length {prompt_len}), got {max_new}"
             )
+        device = prompts.device
+        scale = self.quant.engine_temperature * (1.0 if temperature is None else temperature)
         with torch.inference_mode():
             prefill = self.model.new_cache(prompts.shape[0], prompt_len)
             forward = self.model.run(prompts.long(), prefill)
@@ -141,20 +147,16 @@ class RolloutEngine:
             cache = prefill.repeat_rows(n_samples, prompt_len + max_new)
             repeated = prompts.long().repeat_interleave(n_samples, dim=0)
             n = repeated.shape[0]
-            responses = torch.full((n, max_new), PAD, dtype=torch.long)
-            log_probs = torch.zeros(n, max_new)
-            finished = torch.zeros(n, dtype=torch.bool)
-            lengths = torch.zeros(n, dtype=torch.long)
+            responses = torch.full((n, max_new), PAD, dtype=torch.long, device=device)
+            log_probs = torch.zeros(n, max_new, device=device)
+            finished = torch.zeros(n, dtype=torch.bool, device=device)
+            nonfinite = torch.zeros(n, dtype=torch.bool, device=device)
+            lengths = torch.zeros(n, dtype=torch.long, device=device)
             steps = 0
             while True:
-                logits = self.model.lm_head(hidden)
-                if temperature is None:
-                    step_log_probs = torch.log_softmax(logits, dim=-1)
-                    token = logits.argmax(dim=-1)
-                else:
-                    step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
-                    token = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
-                token_log_prob = step_log_probs.gather(1, token[:, None]).squeeze(1)
+                token, token_log_prob, broken = _next_token(self.model.lm_head(hidden) / scale,
+                                                            temperature is not None, generator)
+                nonfinite |= broken & ~finished
                 responses[:, steps] = token.masked_fill(finished, PAD)
                 log_probs[:, steps] = token_log_prob.masked_fill(finished, 0.0)
                 lengths += ~finished
@@ -174,4 +176,22 @@ class RolloutEngine:
             truncated=~finished,
             n_samples=n_samples,
             routing=torch.cat(routes, dim=1).clone() if routes else None,
+            nonfinite=nonfinite.clone(),
         )
+
+
+def _next_token(logits: Tensor, sample: bool, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+    """One decoding step from logits [n, V] (already divided by the temperature): the token (sampled, or the argmax),
+    its log-prob, and a BoolTensor [n] marking rows whose logits hold a NaN or an infinity (a blown-up policy). Such a
+    row is not sampled: it emits EOS with log-prob 0 (the guard chose it with certainty), so the response ends there
+    instead of ``torch.multinomial`` failing on an invalid distribution."""
+    broken = ~torch.isfinite(logits).all(dim=-1)
+    logits = logits.masked_fill(broken[:, None], 0.0)
+    step_log_probs = torch.log_softmax(logits, dim=-1)
+    if sample:
+        token = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
+    else:
+        token = logits.argmax(dim=-1)
+    token = token.masked_fill(broken, EOS)
+    token_log_prob = step_log_probs.gather(1, token[:, None]).squeeze(1).masked_fill(broken, 0.0)
+    return token, token_log_prob, broken

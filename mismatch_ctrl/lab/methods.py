@@ -97,15 +97,35 @@ class RunSpec:
 
     @classmethod
     def parse(cls, text: str, default_quant: str, num_experts: int = 0) -> RunSpec:
-        """``"dcgrpo"``, ``"grpo@none"``, ``"grpo+r3"`` or ``"grpo@e5m2+r3"``. The method's config is built the way
-        the hooks build it (``num_experts`` > 0 resolves the MoE defaults); the quantisation mode is validated, and
-        ``+r3`` needs experts."""
+        """``"dcgrpo"``, ``"grpo@none"``, ``"grpo+r3"``, ``"grpo@e5m2+r3"`` or ``"grpo@nvfp4+router+r3"``. The
+        method's config is built the way the hooks build it (``num_experts`` > 0 resolves the MoE defaults); the
+        quantisation mode is validated and stored by its canonical name, and ``+r3`` needs experts."""
         text = text.strip()
         replay = text.endswith(REPLAY_SUFFIX)
         method, _, quant = text.removesuffix(REPLAY_SUFFIX).partition("@")
         build_config(method_section(method), num_experts=num_experts)
-        as_quant_config(quant or default_quant)
+        mode = as_quant_config(quant or default_quant).mode
         if replay and not num_experts:
             raise ValueError(f"run {text!r}: routing replay ({REPLAY_SUFFIX}) needs a mixture-of-experts policy "
                              "(--policy moe)")
-        return cls(method, quant or default_quant, replay)
+        return cls(method, mode, replay)
+
+    @classmethod
+    def expand(cls, methods: list[str], doses: list[str], num_experts: int = 0) -> list[RunSpec]:
+        """The runs of methods x doses: a method without ``@QUANT`` once per dose (engine), a method with one once;
+        method-major order. Refuses an empty list and a run named twice."""
+        doses = [d.strip() for d in doses if d.strip()]
+        if not doses:
+            raise ValueError("--quant: give at least one engine")
+        runs = []
+        for text in (m.strip() for m in methods if m.strip()):
+            pinned = "@" in text
+            runs += [cls.parse(text, dose, num_experts) for dose in (doses[:1] if pinned else doses)]
+        labels = [run.label for run in runs]
+        if not runs:
+            raise ValueError("give at least one METHOD[@QUANT][+r3]")
+        if len(set(labels)) != len(labels):
+            twice = sorted({label for label in labels if labels.count(label) > 1})
+            raise ValueError(f"each run once, got {', '.join(twice)} more than once (a METHOD@QUANT also made by "
+                             "METHOD with that --quant engine?)")
+        return runs

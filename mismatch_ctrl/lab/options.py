@@ -10,13 +10,13 @@ from typing import Any
 
 from ..formatting import brief, clip
 from .policy import POLICY_KINDS
-from .quant import QUANT_MODES
+from .quant import QUANT_MODES, as_quant_config
 
 DEFAULT_METHODS = "grpo@none,grpo,grpo+r3,dcgrpo,token_tis,geo_rs_e4m3"
 
 LAB_DEFAULTS: dict[str, Any] = {
     "methods": DEFAULT_METHODS, "quant": "e4m3", "policy": "moe", "task": "add", "steps": 200, "lr": 1e-3,
-    "seeds": (0,), "prompts": 32, "samples": 8, "eval_every": 20,
+    "seeds": (0,), "prompts": 32, "samples": 8, "eval_every": 20, "num_steps_per_rollout": 2,
 }
 """What ``make demo`` runs: the MoE comparison on the add task at a learning rate where GRPO improves, one seed."""
 
@@ -27,12 +27,39 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
                   "methods": "grpo@none,grpo,grpo+r3,dcgrpo,token_tis,geo_rs_e5m2,length_decay"},
     "reverse-e5m2": {"task": "reverse", "quant": "e5m2", "steps": 100, "seeds": (0, 1, 2, 3, 4),
                      "methods": "grpo@none,grpo,grpo+r3,dcgrpo"},
+    "frontier": {"methods": "grpo@none,grpo,token_tis,icepop,geo_rs_e4m3,grpo+r3,dcgrpo,length_decay",
+                 "quant": "temp1.003,e4m3,e5m2,int4,nvfp4,temp1.3", "steps": 120, "seeds": (0, 1, 2, 3, 4)},
+    "gpu-moe": {"policy": "moe-large", "quant": "none,e4m3,nvfp4", "seeds": (0, 1, 2, 3, 4),
+                "methods": "grpo,grpo+r3,token_tis,dcgrpo"},
 }
 """Named settings (``--preset``); explicit flags override them. ``demo``: ``make demo``. ``demo-seeds``: the same
 comparison over 5 seeds (the README's evidence). ``e5m2-edge``: the setting of the
 research grid closest to an FP8 harm on the add task - the coarser e5m2 engine at the learning rate where training
 turns unstable - with every controller, 5 seeds. ``reverse-e5m2``: the long-answer task (32-64 tokens) on the e5m2
-engine, 5 seeds (~2 s per rollout: about 45 minutes on 2 cores, warm-ups included)."""
+engine, 5 seeds (~2 s per rollout: about 45 minutes on 2 cores, warm-ups included).
+
+``frontier``: the dose-response frontier on the add task: the exact engine (``grpo@none``) and 7 methods (GRPO, token
+TIS, IcePop, Geo-RS, GRPO + R3, DC-GRPO, length decay) on 6 engines ordered by measured mismatch (``temp1.003``,
+``e4m3``, ``e5m2``, ``int4``, ``nvfp4``, ``temp1.3``; on the warmed-up MoE, 4 rollouts: ``C_bar`` from ~6e-4 to
+~0.05, ``k3_kl`` over ~4 decades), 5 seeds: 43 runs per seed, 215 runs of 120 rollouts. Sized for <= 60 min on 2
+cores from measured per-rollout times, not from a full run: the demo trains 1,200 rollouts in ~105 s on 2 cores
+(``make demo``'s 2 min 47 s less ~1 min of setup), ~0.17 core-seconds per rollout with its evaluations; the FP4
+engines cost ~1.4x an e4m3 rollout (``benchmarks/lab_rollouts.py``; 0.59 vs 0.42 s in a 4-rollout run); so ~0.2
+core-s x 25,800 rollouts / 2 cores = ~43 min, plus 5 warm-ups (~1 min); a machine under load takes longer.
+
+``gpu-moe``: for a GPU machine (``--device auto`` picks it): the 5.3M-parameter ``moe-large`` policy, GRPO with and
+without R3, token TIS and DC-GRPO on the exact, e4m3 and nvfp4 engines, 5 seeds. Not run here (no GPU); its warm-up
+uses the add task's preset, untuned for this size."""
+
+
+class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
+    """argparse's help formatter, wrapping only at spaces: names such as ``e4m3-w`` or ``dcgrpo_tight_noguard``
+    never break across lines."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
 
 
 def positive_int(text: str) -> int:
@@ -85,10 +112,34 @@ def seed_list(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def quant_mode(text: str) -> str:
-    """A name of ``QUANT_MODES``."""
-    if text not in QUANT_MODES:
-        raise argparse.ArgumentTypeError(f"unknown quantisation mode {text!r}; choose one of {list(QUANT_MODES)}")
+def quant_list(text: str) -> str:
+    """Comma-separated rollout engines (doses), each a mode of ``QuantConfig.from_mode`` (``QUANT_MODES``, ``tempX``,
+    ``+router``, ``+tempX``), returned as their canonical names joined by commas."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated engines such as none,e4m3,nvfp4; accepted: "
+                                         f"{', '.join(QUANT_MODES)}, tempX")
+    try:
+        modes = [as_quant_config(p).mode for p in parts]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"each engine once, got {clip(text, 80)!r}")
+    return ",".join(modes)
+
+
+def device_name(text: str) -> str:
+    """``auto`` (cuda when torch finds a CUDA GPU, else cpu), ``cpu`` or ``cuda`` (refused without a CUDA GPU)."""
+    import torch
+
+    from .trainer import check_device
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        check_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("device: ")) from None
     return text
 
 

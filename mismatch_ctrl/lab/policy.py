@@ -1,9 +1,9 @@
 """Tiny decoder-only transformer policy (fp32): pre-norm blocks, learned positions, KV cache, response log-probs.
 
-Two kinds (``POLICY_KINDS``): ``dense`` (each block's MLP is fc1 -> GELU -> fc2) and ``moe`` (each block's MLP is a
-top-k mixture of experts, Qwen3-MoE style: a linear router ``gate``, the top-k experts of its logits, their outputs
-weighted by the softmax over the chosen logits). A forward pass returns the expert sets it used (``Forward.routing``)
-and can be told to use given ones instead (``replay``: slime's rollout routing replay, R3).
+Kinds (``POLICY_KINDS``): ``dense`` (each block's MLP is fc1 -> GELU -> fc2), ``moe`` and ``moe-large`` (each
+block's MLP is a top-k mixture of experts, Qwen3-MoE style: a linear router ``gate``, the top-k experts of its
+logits, their outputs weighted by the softmax over the chosen logits). A forward pass returns the expert sets it used
+(``Forward.routing``) and can be told to use given ones instead (``replay``: slime's rollout routing replay, R3).
 
 Every matrix multiply is an ``nn.Linear`` (attention qkv/proj, dense MLP fc1/fc2, router gate, untied ``lm_head``)
 or the stacked expert weights of ``Experts``, so that ``quant.quantize_model`` can swap them for quantised copies.
@@ -26,9 +26,12 @@ PolicyKind = Literal["dense", "moe"]
 POLICY_KINDS: dict[str, dict[str, int]] = {
     "dense": {"d_ff": 256},
     "moe": {"d_ff": 32, "n_experts": 8, "top_k": 2},
+    "moe-large": {"d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 128, "n_experts": 16, "top_k": 2},
 }
-"""MLP shape of each policy kind. On ``add`` the MoE has 105,664 parameters and the dense 103,744 (the MoE's 8 experts
-of width 32 hold as many weights as the dense MLP of width 256; each token uses 2 of them)."""
+"""Shape of each policy kind (what it leaves out is ``PolicyConfig``'s default). On ``add`` the MoE has 105,664
+parameters and the dense 103,744 (the MoE's 8 experts of width 32 hold as many weights as the dense MLP of width 256;
+each token uses 2 of them). ``moe-large``, for a GPU: 4 layers of width 256, 16 experts of width 128, top-2; 5.3M
+parameters on ``add`` (``test_lab_engine``)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class PolicyConfig:
 
     @classmethod
     def of_kind(cls, kind: str, task: Task, **shape: int) -> PolicyConfig:
-        """Config of a policy kind (``POLICY_KINDS``) for a task; ``shape`` overrides the kind's MLP shape."""
+        """Config of a policy kind (``POLICY_KINDS``) for a task; ``shape`` overrides the kind's shape."""
         if kind not in POLICY_KINDS:
             raise ValueError(f"policy: unknown kind {kind!r}; choose one of {sorted(POLICY_KINDS)}")
         return cls.for_task(task, **{**POLICY_KINDS[kind], **shape})
@@ -90,13 +93,14 @@ class KVCache:
         self.keys, self.values, self.length = keys, values, length
 
     @classmethod
-    def empty(cls, config: PolicyConfig, batch: int, max_len: int | None = None) -> KVCache:
-        """Zeroed cache for ``batch`` rows and ``max_len`` positions (default: all the policy's)."""
+    def empty(cls, config: PolicyConfig, batch: int, max_len: int | None = None,
+              device: torch.device | str = "cpu") -> KVCache:
+        """Zeroed cache for ``batch`` rows and ``max_len`` positions (default: all the policy's) on ``device``."""
         max_len = config.max_len if max_len is None else max_len
         if not 1 <= max_len <= config.max_len:
             raise ValueError(f"KVCache max_len must be in 1..{config.max_len} (the policy's positions), got {max_len}")
         shape = (config.n_layers, batch, config.n_heads, max_len, config.d_model // config.n_heads)
-        return cls(torch.zeros(shape), torch.zeros(shape))
+        return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
 
     @property
     def max_len(self) -> int:
@@ -108,7 +112,7 @@ class KVCache:
         if max_len < self.length:
             raise ValueError(f"max_len ({max_len}) must hold the {self.length} filled positions")
         n_layers, batch, n_heads, _, head_dim = self.keys.shape
-        keys = torch.zeros(n_layers, batch * repeats, n_heads, max_len, head_dim)
+        keys = torch.zeros(n_layers, batch * repeats, n_heads, max_len, head_dim, device=self.keys.device)
         values = torch.zeros_like(keys)
         keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length].repeat_interleave(repeats, dim=1)
         values[:, :, :, : self.length] = self.values[:, :, :, : self.length].repeat_interleave(repeats, dim=1)
@@ -135,7 +139,8 @@ class SelfAttention(nn.Module):
             cache.keys[layer, :, :, start:end] = k
             cache.values[layer, :, :, start:end] = v
             keys, values = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]
-            mask = None if t == 1 else torch.arange(end) <= torch.arange(start, end)[:, None]
+            mask = None if t == 1 else (torch.arange(end, device=x.device)
+                                        <= torch.arange(start, end, device=x.device)[:, None])
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
 
@@ -238,7 +243,8 @@ def load_balance_loss(router_logits: Tensor, routing: Tensor, mask: Tensor | Non
 
     router_logits [n, T, L, E], routing [n, T, L, k] as in :class:`Forward`."""
     n_experts = router_logits.shape[-1]
-    keep = torch.ones(router_logits.shape[:2], dtype=torch.bool) if mask is None else mask.bool()
+    keep = (torch.ones(router_logits.shape[:2], dtype=torch.bool, device=router_logits.device) if mask is None
+            else mask.bool())
     logits, chosen = router_logits[keep], routing[keep]
     probs = torch.softmax(logits, dim=-1).mean(dim=0)
     counts = F.one_hot(chosen, n_experts).sum(dim=(0, 2)).float()
@@ -276,8 +282,9 @@ class TinyPolicy(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
-        """An empty KV cache for ``batch`` rows and up to ``max_len`` positions (default: all the policy's)."""
-        return KVCache.empty(self.config, batch, max_len)
+        """An empty KV cache for ``batch`` rows and up to ``max_len`` positions (default: all the policy's), on the
+        policy's device."""
+        return KVCache.empty(self.config, batch, max_len, self.lm_head.weight.device)
 
     def forward(self, tokens: Tensor, cache: KVCache | None = None) -> Tensor:
         """Logits [n, T, V] for tokens [n, T]. With a cache the tokens continue its ``length`` positions and are
@@ -294,7 +301,7 @@ class TinyPolicy(nn.Module):
             raise ValueError(f"sequence of {start + t} positions exceeds the limit of {limit}; raise max_len")
         if replay is not None and not self.config.n_experts:
             raise ValueError("replay: a dense policy has no experts to replay")
-        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(start, start + t))
+        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(start, start + t, device=tokens.device))
         routes, logits = [], []
         for layer, block in enumerate(self.blocks):
             x, chosen, router_logits = block(x, cache, layer, None if replay is None else replay[:, :, layer])

@@ -14,30 +14,46 @@ Rounding is round-to-nearest-even by casting to ``torch.float8_e4m3fn`` (max 448
 tables to bfloat16 (a mild, BF16-engine-like mismatch).
 
 Mixture-of-experts layers: every expert's two matrices are quantised like the other linears (one block-scaled
-matrix per expert, activations per token and expert); the router ``gate`` is never quantised, as FP8 checkpoints
-of Qwen3-MoE keep ``mlp.gate`` out of the FP8 conversion. Routing flips therefore come from the quantised hidden
-states the router reads, as on the real stack.
+matrix per expert, activations per token and expert); by default the router ``gate`` is not quantised, as FP8
+checkpoints of Qwen3-MoE keep ``mlp.gate`` out of the FP8 conversion. Routing flips therefore come from the
+quantised hidden states the router reads, as on the real stack; ``router=True`` (mode suffix ``+router``) quantises
+the router like the other linears, a configuration people run, which flips more experts.
+
+Past FP8 (``fp4.py``): ``nvfp4`` and ``mxfp4`` (E2M1 values with 16- / 32-element block scales; weights, activations
+and LM head) and ``int4`` (symmetric weights in groups of ``block`` = 128 per row, LM head included, activations
+exact). Their blocks run along each weight row (the input dimension, as a GEMM reduces) and along each token's
+features; an NVFP4 weight has one fp32 scale per matrix (per expert matrix in a MoE layer), an NVFP4 activation one
+per token.
+
+A continuous dose, ``engine_temperature`` x (modes ``tempX``, or a suffix ``+tempX``): the engine divides its logits
+by x on top of the sampling temperature while the trainer does not - a real bug class (an engine that applies a
+different temperature or logit scale than the trainer). The gap grows smoothly from 0 at x = 1: ``C_bar`` about
+linearly in |x - 1|, ``k3_kl`` about quadratically.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fp4 import MXFP4_BLOCK, NVFP4_BLOCK, fake_quantize_int4, fake_quantize_mxfp4, fake_quantize_nvfp4
 from .policy import Experts
 
 FP8_FORMATS: dict[str, tuple[torch.dtype, float]] = {
     "e4m3": (torch.float8_e4m3fn, 448.0),
     "e5m2": (torch.float8_e5m2, 57344.0),
 }
-FORMATS = ("none", "bf16", *FP8_FORMATS)
+FP4_FORMATS = ("nvfp4", "mxfp4", "int4")
+WEIGHT_ONLY_FORMATS = ("int4",)
+FORMATS = ("none", "bf16", *FP8_FORMATS, *FP4_FORMATS)
 BLOCK = 128
 ROUTER_NAME = "gate"
-"""Name of the MoE router's linear layer, which the engine keeps in full precision."""
+"""Name of the MoE router's linear layer, kept in full precision by the engine unless ``QuantConfig.router``."""
 
 
 def _fp8(fmt: str) -> tuple[torch.dtype, float]:
@@ -96,17 +112,30 @@ def dequantize_weight(codes: Tensor, scale: Tensor, block: int = BLOCK) -> Tenso
 
 
 def fake_quantize_weight(weight: Tensor, fmt: str, block: int = BLOCK) -> Tensor:
-    """fp32 weight as the rollout engine sees it in format ``fmt`` (``none`` copies, ``bf16`` rounds)."""
+    """fp32 weight as the rollout engine sees it in format ``fmt`` (``none`` copies, ``bf16`` rounds; ``int4`` groups
+    of ``block`` per row; ``nvfp4`` / ``mxfp4`` their own block sizes)."""
+    weight = weight.detach().float()
     if fmt == "none":
-        return weight.detach().float().clone()
+        return weight.clone()
     if fmt == "bf16":
-        return round_bf16(weight.detach().float())
-    return dequantize_weight(*quantize_weight(weight.detach(), fmt, block), block)
+        return round_bf16(weight)
+    if fmt == "nvfp4":
+        return fake_quantize_nvfp4(weight, NVFP4_BLOCK)
+    if fmt == "mxfp4":
+        return fake_quantize_mxfp4(weight, MXFP4_BLOCK)
+    if fmt == "int4":
+        return fake_quantize_int4(weight, block)
+    return dequantize_weight(*quantize_weight(weight, fmt, block), block)
 
 
 def quantize_activations(x: Tensor, fmt: str, group: int = BLOCK) -> Tensor:
-    """Dynamic FP8 fake quantisation of activations [..., features]: one scale ``absmax / fmax`` per token and
-    group of ``group`` features (per token row when features <= group)."""
+    """Dynamic fake quantisation of activations [..., features]. FP8: one scale ``absmax / fmax`` per token and
+    group of ``group`` features (per token row when features <= group). ``nvfp4`` / ``mxfp4``: their 16- / 32-element
+    blocks along the features (NVFP4's fp32 scale per token)."""
+    if fmt == "nvfp4":
+        return fake_quantize_nvfp4(x, NVFP4_BLOCK, per_row=True)
+    if fmt == "mxfp4":
+        return fake_quantize_mxfp4(x, MXFP4_BLOCK)
     _, fmax = _fp8(fmt)
     features = x.shape[-1]
     if features <= group:
@@ -124,12 +153,15 @@ def quantize_activations(x: Tensor, fmt: str, group: int = BLOCK) -> Tensor:
 class QuantConfig:
     """What the rollout engine quantises, and how.
 
-    fmt: ``none`` (exact fp32 copy), ``bf16``, ``e4m3`` or ``e5m2``.
-    activations: quantise the inputs of quantised linear layers per token (FP8) / round them (bf16).
+    fmt: ``none`` (exact fp32 copy), ``bf16``, ``e4m3``, ``e5m2``, ``nvfp4``, ``mxfp4`` or ``int4`` (weights only).
+    activations: quantise the inputs of quantised linear layers per token (FP8, FP4) / round them (bf16).
     lm_head: quantise the LM head like the block linears (slime keeps it BF16; including it makes the tiny
       model's mismatch large-model-like).
     embeddings: quantise the token and position tables (FP8 per row / block, or bf16 rounding).
-    block: weight tile size.
+    block: FP8 weight tile size and INT4 group size (NVFP4 and MXFP4 blocks are fixed by their formats).
+    router: quantise the MoE router ``gate`` too (mode suffix ``+router``).
+    engine_temperature: the engine divides its logits by this on top of the sampling temperature (mode ``tempX`` or
+      suffix ``+tempX``); 1 = as the trainer.
     """
 
     fmt: str = "e4m3"
@@ -137,27 +169,74 @@ class QuantConfig:
     lm_head: bool = True
     embeddings: bool = False
     block: int = BLOCK
+    router: bool = False
+    engine_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
             raise ValueError(f"QuantConfig.fmt: expected one of {list(FORMATS)}, got {self.fmt!r}")
         if self.block < 1:
             raise ValueError(f"QuantConfig.block must be >= 1, got {self.block}")
+        if self.activations and self.fmt in WEIGHT_ONLY_FORMATS:
+            raise ValueError(f"QuantConfig: {self.fmt} quantises weights only; set activations=False")
+        if not (math.isfinite(self.engine_temperature) and self.engine_temperature > 0):
+            raise ValueError(f"QuantConfig.engine_temperature must be a finite number > 0, got "
+                             f"{self.engine_temperature}")
 
     @classmethod
     def from_mode(cls, mode: str) -> QuantConfig:
-        """Named mode, see ``QUANT_MODES``."""
-        if mode not in QUANT_MODES:
-            raise ValueError(f"quant mode: unknown {mode!r}; choose one of {list(QUANT_MODES)}")
-        return QUANT_MODES[mode]
+        """Config of a mode name ``BASE[+router][+tempX]`` (BASE a name of ``QUANT_MODES``; ``+router`` not on
+        ``none``) or ``tempX`` (exact weights; x a number > 0), e.g. ``nvfp4+router``, ``temp1.05``,
+        ``e4m3+temp1.01``."""
+        base, *suffixes = mode.strip().split("+")
+        config = _temperature_mode(base, mode)
+        if config is None:
+            if base not in QUANT_MODES:
+                raise ValueError(f"quant mode: unknown {mode!r}; choose one of {', '.join(QUANT_MODES)} or tempX (an "
+                                 "engine temperature x > 0, e.g. temp1.05), optionally followed by +router and/or "
+                                 "+tempX")
+            config = QUANT_MODES[base]
+        for suffix in suffixes:
+            temperature = _temperature_mode(suffix, mode)
+            if suffix == "router" and config.fmt == "none":
+                raise ValueError(f"quant mode {mode!r}: +router needs a quantised engine (an exact one has nothing to "
+                                 "quantise); use e.g. e4m3+router")
+            if suffix == "router" and not config.router:
+                config = replace(config, router=True)
+            elif temperature is not None and config.engine_temperature == 1.0:
+                config = replace(config, engine_temperature=temperature.engine_temperature)
+            else:
+                raise ValueError(f"quant mode {mode!r}: suffix {suffix!r} is not +router or +tempX, or repeats one")
+        return config
 
     @property
     def mode(self) -> str:
-        """Name of the matching mode in ``QUANT_MODES``, or a description of a custom config."""
-        for name, config in QUANT_MODES.items():
-            if config == self:
-                return name
-        return "custom(" + ",".join(f"{k}={v}" for k, v in asdict(self).items()) + ")"
+        """Canonical mode name (``from_mode(config.mode) == config``), or a description of a custom config."""
+        plain = replace(self, router=False, engine_temperature=1.0)
+        base = next((name for name, config in QUANT_MODES.items() if config == plain), None)
+        if base is None:
+            return "custom(" + ",".join(f"{k}={v}" for k, v in asdict(self).items()) + ")"
+        temperature = f"temp{self.engine_temperature!r}" if self.engine_temperature != 1.0 else ""
+        parts = [temperature if base == "none" and temperature else base]
+        parts += ["router"] if self.router else []
+        parts += [temperature] if temperature and base != "none" else []
+        return "+".join(parts)
+
+
+TEMPERATURE_PREFIX = "temp"
+
+
+def _temperature_mode(text: str, mode: str) -> QuantConfig | None:
+    """``tempX`` as an exact engine at temperature x, None when ``text`` does not start with ``temp``."""
+    if not text.startswith(TEMPERATURE_PREFIX):
+        return None
+    try:
+        value = float(text[len(TEMPERATURE_PREFIX):])
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"quant mode {mode!r}: {text!r} needs a finite engine temperature > 0, e.g. temp1.05")
+    return replace(QUANT_MODES["none"], engine_temperature=value)
 
 
 QUANT_MODES: dict[str, QuantConfig] = {
@@ -167,9 +246,14 @@ QUANT_MODES: dict[str, QuantConfig] = {
     "e4m3": QuantConfig(fmt="e4m3", activations=True, lm_head=True),
     "e5m2-w": QuantConfig(fmt="e5m2", activations=False, lm_head=False),
     "e5m2": QuantConfig(fmt="e5m2", activations=True, lm_head=True),
+    "nvfp4": QuantConfig(fmt="nvfp4", activations=True, lm_head=True),
+    "mxfp4": QuantConfig(fmt="mxfp4", activations=True, lm_head=True),
+    "int4": QuantConfig(fmt="int4", activations=False, lm_head=True),
 }
 """``e4m3`` (default): block weights + per-token activations + LM head. ``*-w``: block weights of the transformer
-linears only (slime's converter scope). ``e5m2``: as ``e4m3`` in the coarser format (a stress setting)."""
+linears only (slime's converter scope). ``e5m2``: as ``e4m3`` in the coarser format (a stress setting). ``nvfp4`` /
+``mxfp4``: as ``e4m3`` in those FP4 formats. ``int4``: weights and LM head in INT4 groups of 128, activations exact
+(W4A16)."""
 
 
 def as_quant_config(quant: str | QuantConfig) -> QuantConfig:
@@ -179,7 +263,7 @@ def as_quant_config(quant: str | QuantConfig) -> QuantConfig:
 
 def _quantize_input(x: Tensor, config: QuantConfig) -> Tensor:
     """A linear layer's input as the engine feeds it: FP8 per token (and group), or bf16-rounded."""
-    if config.activations and config.fmt in FP8_FORMATS:
+    if config.activations and config.fmt in (*FP8_FORMATS, *FP4_FORMATS):
         return quantize_activations(x, config.fmt, config.block)
     if config.activations and config.fmt == "bf16":
         return round_bf16(x)
@@ -258,7 +342,7 @@ def _quantize_table(table: Tensor, config: QuantConfig) -> Tensor:
 def quantize_model(model: nn.Module, quant: str | QuantConfig, head_name: str = "lm_head") -> nn.Module:
     """A frozen copy of ``model`` whose linear layers are ``QuantLinear`` and whose experts are ``QuantExperts`` per
     ``quant`` (the LM head, named ``head_name``, only if ``quant.lm_head``; MoE routers, named ``ROUTER_NAME``,
-    never); keep it in step with ``sync_quantized``."""
+    only if ``quant.router``); keep it in step with ``sync_quantized``."""
     config = as_quant_config(quant)
     quantized = copy.deepcopy(model)
     if config.fmt != "none":
@@ -266,7 +350,8 @@ def quantize_model(model: nn.Module, quant: str | QuantConfig, head_name: str = 
             child = name.rpartition(".")[2]
             if isinstance(module, Experts):
                 replacement: nn.Module = QuantExperts(module, config)
-            elif isinstance(module, nn.Linear) and child != ROUTER_NAME and (config.lm_head or name != head_name):
+            elif (isinstance(module, nn.Linear) and (config.router or child != ROUTER_NAME)
+                  and (config.lm_head or name != head_name)):
                 replacement = QuantLinear(module, config)
             else:
                 continue

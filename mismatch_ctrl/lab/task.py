@@ -1,4 +1,5 @@
-"""Verifiable lab tasks with variable-length answers: reversed addition (short) and digit reversal (long).
+"""Verifiable lab tasks with variable-length answers: reversed addition (short), digit reversal (long) and long
+digit reversal (64-128-token answers).
 
 Both tasks share one vocabulary, have a fixed prompt length, and score a response 1.0 iff it is exactly the answer
 followed by EOS (tokens after the first EOS are ignored, a response without EOS scores 0). The long task offers a
@@ -248,11 +249,23 @@ class ReverseTask(Task):
         return ((got == target) & in_answer).sum(dim=1).float() / in_answer.sum(dim=1).float()
 
 
-TASKS: dict[str, type[Task]] = {"add": AdditionTask, "reverse": ReverseTask}
+class LongReverseTask(ReverseTask):
+    """``ReverseTask`` with 63..127 digits: answers of 64..128 tokens (EOS included), prompt length 129. The regime
+    where the mismatch is expected to hurt: long answers whose exact match needs every token right."""
+
+    name = "reverse-long"
+
+    def __init__(self, min_digits: int = 63, max_digits: int = 127, reward_mode: str = "exact", seed: int = 0,
+                 eval_seed: int = 1_000_003) -> None:
+        super().__init__(min_digits, max_digits, reward_mode, seed, eval_seed)
+
+
+TASKS: dict[str, type[Task]] = {"add": AdditionTask, "reverse": ReverseTask, "reverse-long": LongReverseTask}
 
 
 def make_task(name: str, **options: object) -> Task:
-    """Task by name (``"add"`` or ``"reverse"``) with constructor options, e.g. ``make_task("add", seed=3)``."""
+    """Task by name (``"add"``, ``"reverse"`` or ``"reverse-long"``) with constructor options, e.g.
+    ``make_task("add", seed=3)``."""
     if name not in TASKS:
         raise ValueError(f"task: unknown name {name!r}; choose one of {sorted(TASKS)}")
     return TASKS[name](**options)

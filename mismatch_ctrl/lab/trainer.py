@@ -67,12 +67,17 @@ class LabSettings:
     eval_prompts: int = 256
     collapse_window: int = 10
     dump_details: bool = False
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.optimizer_steps < 1 or self.micro_batches < 1:
+            raise ValueError(f"num_steps_per_rollout (optimizer steps per rollout) and micro_batches must be >= 1, got "
+                             f"{self.optimizer_steps} and {self.micro_batches}")
         batch = self.prompts_per_step * self.samples_per_prompt
         if batch % (self.optimizer_steps * self.micro_batches):
             raise ValueError(f"prompts_per_step x samples_per_prompt ({batch}) must be a multiple of "
-                             f"optimizer_steps x micro_batches ({self.optimizer_steps} x {self.micro_batches})")
+                             f"num_steps_per_rollout x micro_batches ({self.optimizer_steps} x {self.micro_batches}); "
+                             "change --prompts, --samples or --num-steps-per-rollout")
         for name in ("steps", "prompts_per_step", "eval_every", "eval_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -84,10 +89,24 @@ class LabSettings:
             raise ValueError("samples_per_prompt must be >= 2 (GRPO normalises rewards within a prompt's group)")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device: expected one of {list(DEVICES)}, got {self.device!r}")
 
     @property
     def global_batch_size(self) -> int:
         return self.prompts_per_step * self.samples_per_prompt // self.optimizer_steps
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(device: str) -> None:
+    """Refuse a device the lab cannot run on: not ``cpu`` / ``cuda``, or ``cuda`` without a CUDA GPU."""
+    if device not in DEVICES:
+        raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but torch finds no CUDA GPU (torch "
+                         f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); use --device cpu or auto")
 
 
 class ConstantLRScheduler:
@@ -163,6 +182,11 @@ def collapse_step(rewards: list[float], window: int) -> int | None:
     return candidate
 
 
+def blow_up_step(records: list[dict[str, Any]]) -> int | None:
+    """First rollout whose engine logits turned NaN or infinite in some sample (a blown-up policy), else None."""
+    return next((i for i, r in enumerate(records) if r.get("engine_nonfinite_fraction", 0.0) > 0), None)
+
+
 class Trainer:
     """One lab run: a policy, its rollout engine, an optimizer and the slime-shaped arguments of the hooks."""
 
@@ -170,9 +194,13 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.spec, self.settings, self.out_dir = spec, settings, out_dir
         self.task = make_task(settings.task, seed=settings.seed)
+        check_device(settings.device)
+        self.device = torch.device(settings.device)
         self.policy = TinyPolicy(PolicyConfig(**policy_state["policy_config"]))
         self.policy.load_state_dict(policy_state["state_dict"])
-        if self.policy.config.kind != settings.policy:
+        self.policy.to(self.device)
+        expected = "moe" if POLICY_KINDS[settings.policy].get("n_experts") else "dense"
+        if self.policy.config.kind != expected:
             raise ValueError(f"policy: the settings say {settings.policy!r} but the weights are of a "
                              f"{self.policy.config.kind!r} policy")
         if spec.replay and not self.policy.config.n_experts:
@@ -187,7 +215,9 @@ class Trainer:
         self.args = slime_args(spec, settings, self.max_new, out_dir / "state", self.policy.config.n_experts)
         hooks.on_megatron_init(self.args)
         self.generator = torch.Generator().manual_seed(settings.seed)
-        self.eval_prompts = self.task.eval_prompts(settings.eval_prompts)
+        self.sampler = (self.generator if self.device.type == "cpu"
+                        else torch.Generator(self.device).manual_seed(settings.seed))
+        self.eval_prompts = self.task.eval_prompts(settings.eval_prompts).to(self.device)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy exact-match accuracy on held-out prompts: FP8 engine (deployed) and fp32 policy."""
@@ -195,7 +225,7 @@ class Trainer:
         out = {}
         for name, engine in (("eval_acc_engine", self.engine), ("eval_acc_fp32", self.reference)):
             rollout = engine.greedy(self.eval_prompts, self.max_new)
-            out[name] = float(self.task.reward(rollout.prompts, rollout.responses).mean())
+            out[name] = float(self.task.reward(rollout.prompts.cpu(), rollout.responses.cpu()).mean())
         return out
 
     def replay(self, rollout: Any, index: list[int] | None = None) -> Tensor | None:
@@ -208,9 +238,9 @@ class Trainer:
         """Sample one rollout and build slime's ``rollout_data`` (DP-local = everything, CP = 1); also the routing
         metrics of a mixture-of-experts policy (the trainer's recompute against the engine's expert sets)."""
         s = self.settings
-        prompts = self.task.make_prompts(s.prompts_per_step, self.generator)
-        rollout = self.engine.generate(prompts, s.samples_per_prompt, s.temperature, self.max_new, self.generator)
-        raw = self.task.reward(rollout.prompts, rollout.responses)
+        prompts = self.task.make_prompts(s.prompts_per_step, self.generator).to(self.device)
+        rollout = self.engine.generate(prompts, s.samples_per_prompt, s.temperature, self.max_new, self.sampler)
+        raw = self.task.reward(rollout.prompts.cpu(), rollout.responses.cpu())
         mask = rollout.response_mask
         with torch.inference_mode():
             old, routing, _ = self.policy.score(rollout.tokens, rollout.prompt_len, mask, s.temperature,
@@ -218,18 +248,19 @@ class Trainer:
         routed: dict[str, float | None] = {}
         if routing is not None:
             prob_diff = (old.exp() - rollout.rollout_log_probs.exp()).abs()
-            routed = routing_metrics(routing, rollout.routing, rollout.prompt_len, mask, prob_diff)
+            routed = routing_metrics(routing, rollout.routing, rollout.prompt_len, mask & prob_diff.isfinite(),
+                                     prob_diff)
         lengths = rollout.response_lengths.tolist()
-        segments = Segments(lengths)
+        segments = Segments(lengths, self.device)
         data = {
             "rewards": group_normalize(raw, s.samples_per_prompt).tolist(),
             "raw_reward": raw.tolist(),
             "response_lengths": lengths,
             "total_lengths": [rollout.prompt_len + n for n in lengths],
-            "loss_masks": [torch.ones(n, dtype=torch.int) for n in lengths],
+            "loss_masks": [torch.ones(n, dtype=torch.int, device=self.device) for n in lengths],
             "rollout_log_probs": segments.split(rollout.rollout_log_probs[mask]),
             "log_probs": segments.split(old[mask].clone()),
-            "kl": [torch.zeros(n) for n in lengths],
+            "kl": [torch.zeros(n, device=self.device) for n in lengths],
             "truncated": rollout.truncated.long().tolist(),
         }
         return data, rollout, raw, routed
@@ -261,7 +292,7 @@ class Trainer:
             return [data[key][i] for i in index]
 
         lengths = pick("response_lengths")
-        segments = Segments(lengths)
+        segments = Segments(lengths, self.device)
         mask = rollout.response_mask[index]
         new = self.policy.score(rollout.tokens[index], rollout.prompt_len, mask, s.temperature,
                                 self.replay(rollout, index)).log_probs[mask]
@@ -298,7 +329,8 @@ class Trainer:
                 if s.dump_details:
                     write_train_dump(self.out_dir / "dump", step, *samples_from_rollout_data(data))
                 record.update(reward=float(raw.mean()), response_length=float(rollout.response_lengths.float().mean()),
-                              truncated_fraction=float(rollout.truncated.float().mean()), **routed)
+                              truncated_fraction=float(rollout.truncated.float().mean()),
+                              engine_nonfinite_fraction=float(rollout.nonfinite.float().mean()), **routed)
                 record.update({k[len(PREFIX):]: v[0] for k, v in data.items() if k.startswith(PREFIX)})
                 record.update({f"train/{k}": v for k, v in self.train_rollout(step, data, rollout).items()})
                 if step == s.steps - 1:
@@ -319,7 +351,9 @@ def _mean(values: list[float]) -> float | None:
 def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]]) -> dict[str, Any]:
     """One row of the report: accuracies (start, final, best, and ``late``: the mean over the evaluations of the last
     quarter of the rollouts and the final one), reward, discrepancy (mean, max, first and last quarter), routing
-    flips, collapse step and wall time of a run."""
+    flips, collapse step (``collapse_step`` on the rewards or ``blow_up_step``, whichever comes first), the share of
+    samples whose engine logits turned non-finite (a blown-up policy) and wall
+    time of a run."""
     evals = [r for r in records if "eval_acc_engine" in r]
     last = records[-1]
     evals.append({"step": len(records), "eval_acc_engine": last["final_eval_acc_engine"],
@@ -352,7 +386,9 @@ def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]
         **{key: mean_of(key) for key in layer_keys},
         "discrepancy_flipped": mean_of("discrepancy_flipped"),
         "discrepancy_unflipped": mean_of("discrepancy_unflipped"),
-        "collapse_step": collapse_step(rewards, settings.collapse_window),
+        "collapse_step": min((step for step in (collapse_step(rewards, settings.collapse_window),
+                                                blow_up_step(records)) if step is not None), default=None),
+        "engine_nonfinite_fraction": mean_of("engine_nonfinite_fraction") or 0.0,
         "seconds": records[-1]["seconds"],
         "seconds_per_step": records[-1]["seconds"] / len(records),
     }

@@ -30,6 +30,7 @@ from .engine import RolloutEngine
 from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy, load_balance_loss
 from .task import DIGIT0, EOS, PAD, Task, make_task
 
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "d_ff")
 CACHE_ENV = "MISMATCH_CTRL_CACHE"
 CACHE_FORMAT = 3
 
@@ -41,9 +42,9 @@ class WarmupConfig:
     task: str = "add"
     task_options: dict[str, object] = field(default_factory=dict)
     policy: str = "moe"
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
     d_ff: int | None = None
     balance_coef: float = 0.01
     steps: int = 175
@@ -76,21 +77,24 @@ class WarmupConfig:
         return make_task(self.task, **self.task_options)
 
     def policy_config(self, task: Task) -> PolicyConfig:
-        """The policy's shape: the kind's MLP (``POLICY_KINDS``), ``d_ff`` overriding its width if set."""
-        shape = {"d_model": self.d_model, "n_layers": self.n_layers, "n_heads": self.n_heads}
-        if self.d_ff is not None:
-            shape["d_ff"] = self.d_ff
+        """The policy's shape: the kind's (``POLICY_KINDS``), each of ``d_model``, ``n_layers``, ``n_heads`` and
+        ``d_ff`` overriding it when set."""
+        shape = {name: getattr(self, name) for name in SHAPE_FIELDS if getattr(self, name) is not None}
         return PolicyConfig.of_kind(self.policy, task, **shape)
 
     def key(self) -> str:
-        """sha256 of the config (and the cache format), hex."""
-        text = json.dumps({"format": CACHE_FORMAT, **asdict(self)}, sort_keys=True)
+        """sha256 of the config (the shape fields resolved to the policy's; and the cache format), hex."""
+        config = self.policy_config(self.make_task())
+        resolved = {name: getattr(config, name) for name in SHAPE_FIELDS if name != "d_ff"}
+        text = json.dumps({"format": CACHE_FORMAT, **asdict(self), **resolved}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
 WARMUP_PRESETS: dict[str, WarmupConfig] = {
     "add": WarmupConfig(),
     "reverse": WarmupConfig(task="reverse", steps=390, batch_size=64, max_steps=800, eval_prompts=128),
+    "reverse-long": WarmupConfig(task="reverse-long", steps=300, batch_size=64, max_steps=1500, extra_steps=25,
+                                 eval_prompts=64, eval_samples=2, min_sample_accuracy=0.3),
 }
 """Tuned defaults per task (measured with the dense policy; the MoE warm-up in the demo reaches the same range: ``add``
 reaches sample accuracy 0.2-0.3 after ~200-230 steps, ~10 s on one thread; ``reverse`` jumps from 0 to ~0.4 exact
@@ -128,17 +132,16 @@ def default_cache_dir() -> Path:
 def sample_accuracy(
     engine: RolloutEngine, task: Task, prompts: Tensor, n_samples: int = 1, temperature: float = 1.0, seed: int = 0
 ) -> float:
-    """Mean reward of sampled responses (``n_samples`` per prompt)."""
-    rollout = engine.generate(
-        prompts, n_samples, temperature, task.max_response_len, torch.Generator().manual_seed(seed)
-    )
-    return task.reward(rollout.prompts, rollout.responses).mean().item()
+    """Mean reward of sampled responses (``n_samples`` per prompt), on the prompts' device."""
+    generator = torch.Generator(prompts.device).manual_seed(seed)
+    rollout = engine.generate(prompts, n_samples, temperature, task.max_response_len, generator)
+    return task.reward(rollout.prompts.cpu(), rollout.responses.cpu()).mean().item()
 
 
 def greedy_accuracy(engine: RolloutEngine, task: Task, prompts: Tensor) -> float:
     """Mean reward of greedy responses."""
     rollout = engine.greedy(prompts, task.max_response_len)
-    return task.reward(rollout.prompts, rollout.responses).mean().item()
+    return task.reward(rollout.prompts.cpu(), rollout.responses.cpu()).mean().item()
 
 
 def corrupt_answers(answers: Tensor, frac: float, generator: torch.Generator) -> Tensor:
@@ -164,11 +167,12 @@ def _train(
     config: WarmupConfig,
     generator: torch.Generator,
 ) -> None:
+    device = policy.lm_head.weight.device
     for _ in range(steps):
         prompts = task.make_prompts(config.batch_size, generator)
         labels = corrupt_answers(task.answers(prompts), config.corrupt_frac, generator)
-        mask = labels != PAD
-        scored = policy.score(torch.cat([prompts, labels], dim=1), task.prompt_len, mask)
+        mask = (labels != PAD).to(device)
+        scored = policy.score(torch.cat([prompts, labels], dim=1).to(device), task.prompt_len, mask)
         loss = -scored.log_probs.sum() / mask.sum()
         if scored.routing is not None and config.balance_coef:
             loss = loss + config.balance_coef * load_balance_loss(scored.router_logits, scored.routing)
@@ -215,8 +219,10 @@ def warmup_policy(
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
     log: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> WarmupResult:
-    """The warmed-up policy for ``config``: loaded from the cache, or trained (then cached atomically).
+    """The warmed-up policy for ``config`` (on the CPU): loaded from the cache, or trained on ``device`` (then
+    cached atomically).
 
     cache_dir: default ``default_cache_dir()``; use_cache=False trains and writes nothing.
     """
@@ -231,11 +237,11 @@ def warmup_policy(
             if log is not None:
                 log(f"warm-up cache {path} unreadable ({error}); training again")
     start = time.perf_counter()
-    policy = TinyPolicy(policy_config, seed=config.seed)
+    policy = TinyPolicy(policy_config, seed=config.seed).to(device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(config.seed)
     engine = RolloutEngine(policy, quant="none")
-    eval_prompts = task.eval_prompts(config.eval_prompts)
+    eval_prompts = task.eval_prompts(config.eval_prompts).to(device)
     steps, chunk = 0, config.steps
     while True:
         _train(policy, task, optimizer, chunk, config, generator)
@@ -249,6 +255,7 @@ def warmup_policy(
         chunk = min(config.extra_steps, config.max_steps - steps)
     greedy = greedy_accuracy(engine, task, eval_prompts)
     seconds = time.perf_counter() - start
+    policy.cpu()
     if accuracy < config.min_sample_accuracy and log is not None:
         log(f"warm-up stopped at max_steps={config.max_steps} below min_sample_accuracy {config.min_sample_accuracy}")
     if path is not None:

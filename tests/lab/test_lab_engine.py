@@ -86,7 +86,8 @@ def test_generation_stops_at_eos_and_pads():
     assert torch.equal(rollout.log_prob_lists()[3], rollout.rollout_log_probs[3, : rollout.response_lengths[3]])
 
 
-@pytest.mark.parametrize("mode", ["none", "bf16", "e4m3", "e5m2"])
+@pytest.mark.parametrize("mode", ["none", "bf16", "e4m3", "e5m2", "nvfp4", "mxfp4", "int4", "temp1.3",
+                                  "e4m3+temp0.9"])
 def test_cached_generation_log_probs_equal_engine_teacher_forcing(mode):
     """Equal up to float noise; in rounding modes a last-bit difference between the cached and the full forward can
     flip the rounding of one activation now and then, so a rare token may differ there (not with quant off)."""
@@ -94,7 +95,7 @@ def test_cached_generation_log_probs_equal_engine_teacher_forcing(mode):
     rollout = engine.generate(prompts(32), 4, temperature=0.8, generator=torch.Generator().manual_seed(1))
     forced = engine.score(rollout.tokens, rollout.prompt_len, rollout.response_mask, temperature=0.8)[0]
     diff = (rollout.rollout_log_probs - forced)[rollout.response_mask].abs()
-    if mode == "none":
+    if mode in ("none", "int4", "temp1.3"):  # no activation rounding: only float noise
         assert diff.max() < 1e-5
     else:
         assert (diff > 1e-4).float().mean() < 0.01
@@ -116,6 +117,35 @@ def test_mismatch_is_zero_without_quant_and_grows_with_coarser_formats():
     assert gaps["none"] < 1e-6
     assert 1e-4 < gaps["bf16"] < gaps["e4m3-w"] < gaps["e4m3"] < gaps["e5m2"], gaps
     assert gaps["e5m2"] > 1.5 * gaps["e4m3"], gaps
+    fp4 = {mode: mismatch(mode, policy) for mode in ["nvfp4", "mxfp4"]}
+    assert gaps["e5m2"] < fp4["nvfp4"] < fp4["mxfp4"], (gaps, fp4)
+
+
+def test_engine_temperature_is_a_smooth_dose_spanning_decades():
+    """``tempX``: the engine's log-probs are the policy's at temperature x (teacher-forced, exact weights), and the
+    mismatch grows smoothly with |x - 1| over more than three decades."""
+    policy = peaked_policy()
+    engine = RolloutEngine(policy, quant="temp1.2")
+    rollout = engine.generate(prompts(16), 4, temperature=0.9, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = policy.score(rollout.tokens, rollout.prompt_len, rollout.response_mask, temperature=0.9 * 1.2)
+    torch.testing.assert_close(rollout.rollout_log_probs, expected.log_probs, atol=1e-5, rtol=0)
+    gaps = [mismatch(f"temp{x}", policy) for x in (1.0001, 1.001, 1.01, 1.1, 1.5)]
+    assert all(a < b for a, b in zip(gaps, gaps[1:])), gaps
+    assert gaps[-1] / gaps[0] > 1e3, gaps
+
+
+def test_nonfinite_logits_end_the_response_and_are_flagged():
+    policy = peaked_policy()
+    with torch.no_grad():
+        policy.lm_head.weight[9, 0] = float("nan")
+    for mode in ("none", "e4m3", "nvfp4"):
+        rollout = RolloutEngine(policy, quant=mode).generate(prompts(4), 3, generator=torch.Generator().manual_seed(0))
+        assert rollout.nonfinite.all() and (rollout.responses[:, 0] == EOS).all()
+        assert (rollout.response_lengths == 1).all() and (rollout.rollout_log_probs == 0).all()
+    healthy = RolloutEngine(peaked_policy(), quant="e4m3").generate(prompts(4), 3,
+                                                                    generator=torch.Generator().manual_seed(0))
+    assert not healthy.nonfinite.any()
 
 
 def test_sampling_follows_engine_distribution():
@@ -173,3 +203,20 @@ def test_bad_arguments_are_named():
         engine.generate(prompts(2), max_new_tokens=100)
     with pytest.raises(ValueError, match="unknown"):
         RolloutEngine(peaked_policy(), quant="fp6")
+
+
+def test_moe_large_policy_for_a_gpu_has_1_to_10_million_parameters_and_runs():
+    from mismatch_ctrl.lab.warmup import WarmupConfig, warmup_preset
+
+    config = PolicyConfig.of_kind("moe-large", AdditionTask())
+    assert (config.d_model, config.n_layers, config.n_experts, config.top_k) == (256, 4, 16, 2)
+    policy = TinyPolicy(config)
+    assert policy.num_parameters() == 5_307_136
+    rollout = RolloutEngine(policy, "nvfp4+router").generate(AdditionTask().make_prompts(2, torch.Generator()), 2,
+                                                              max_new_tokens=3, generator=torch.Generator())
+    assert rollout.routing.shape[2:] == (4, 2)
+    warm = warmup_preset("add", "moe-large")
+    assert warm.policy_config(warm.make_task()) == config
+    # the shape fields resolve to the kind's: an explicit default shape is the same warm-up (same cache key)
+    assert WarmupConfig().key() == WarmupConfig(d_model=64, n_layers=2, n_heads=4).key()
+    assert WarmupConfig().key() != WarmupConfig(d_model=32).key()

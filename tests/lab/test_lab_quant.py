@@ -167,3 +167,55 @@ def test_quant_config_modes_and_errors():
         QuantConfig(fmt="int8")
     with pytest.raises(ValueError, match="fmt"):
         round_fp8(torch.ones(2), "e3m4")
+
+
+def moe_policy() -> TinyPolicy:
+    config = PolicyConfig(vocab_size=15, max_len=20, d_model=32, n_layers=2, n_heads=4, d_ff=16, n_experts=4, top_k=2)
+    return TinyPolicy(config, seed=3)
+
+
+def test_mode_names_parse_to_configs_and_back():
+    assert QuantConfig.from_mode("nvfp4+router") == QuantConfig(fmt="nvfp4", router=True)
+    assert QuantConfig.from_mode("temp1.05") == QuantConfig(fmt="none", activations=False, lm_head=False,
+                                                            engine_temperature=1.05)
+    assert QuantConfig.from_mode("e4m3+router+temp0.9").engine_temperature == 0.9
+    for name in ("nvfp4+router", "temp1.05", "e5m2+router+temp1.3", "int4+temp2.0", "mxfp4", "e4m3-w+router"):
+        assert QuantConfig.from_mode(QuantConfig.from_mode(name).mode) == QuantConfig.from_mode(name)
+    assert QuantConfig.from_mode("e4m3+temp1.3+router").mode == "e4m3+router+temp1.3"
+    assert QuantConfig.from_mode("temp1").mode == "none"
+    for bad, message in (("temp-1", "engine temperature > 0"), ("tempinf", "engine temperature > 0"),
+                         ("e4m3+router+router", "repeats"), ("e4m3+temp1.1+temp1.2", "repeats"),
+                         ("int4x", "unknown"), ("none+router", "needs a quantised engine")):
+        with pytest.raises(ValueError, match=message):
+            QuantConfig.from_mode(bad)
+    with pytest.raises(ValueError, match="int4 quantises weights only"):
+        QuantConfig(fmt="int4", activations=True)
+
+
+@pytest.mark.parametrize("mode", ["e4m3", "nvfp4", "int4"])
+def test_router_quantised_only_with_the_router_suffix(mode):
+    policy = moe_policy()
+    plain, routed = quantize_model(policy, mode), quantize_model(policy, f"{mode}+router")
+    gates = [f"blocks.{i}.moe.gate" for i in range(2)]
+    for name in gates:
+        assert isinstance(plain.get_submodule(name), nn.Linear)
+        assert torch.equal(plain.get_submodule(name).weight, policy.get_submodule(name).weight)
+        quantized = routed.get_submodule(name)
+        assert isinstance(quantized, QuantLinear)
+        assert torch.equal(quantized.weight, fake_quantize_weight(policy.get_submodule(name).weight, mode))
+        assert not torch.equal(quantized.weight, policy.get_submodule(name).weight)
+
+
+def test_fp4_modes_quantise_weights_per_row_blocks_and_activations():
+    policy = small_policy()
+    for mode, block in (("nvfp4", 16), ("mxfp4", 32), ("int4", 32)):
+        model = quantize_model(policy, mode)
+        weight, source = model.blocks[0].fc1.weight, policy.blocks[0].fc1.weight  # [64, 32]: rows of 32
+        assert torch.equal(weight, fake_quantize_weight(source, mode))
+        distinct = [len(set((weight[0, i:i + block] / weight[0, i:i + block].abs().max()).tolist()))
+                    for i in range(0, 32, block)]
+        assert max(distinct) <= 15  # E2M1 and symmetric INT4 both have 15 signed levels
+        x = torch.randn(3, 32)
+        layer = model.blocks[0].fc1
+        expected = x if mode == "int4" else quantize_activations(x, mode)
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(expected, layer.weight, layer.bias))

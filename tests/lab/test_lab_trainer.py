@@ -186,7 +186,8 @@ def test_cli_help_lists_the_flags(capsys):
     (["--lr", "inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
     (["--lr", "nan"], "argument --lr"),
     (["--lr", "-1e-3"], "argument --lr"),
-    (["--methods", "grpo,grpo"], "--methods: each run once, got grpo@e4m3, grpo@e4m3"),
+    (["--methods", "grpo,grpo"], "--methods: each run once, got grpo@e4m3 more than once"),
+    (["--methods", "grpo@none,grpo", "--quant", "e4m3,none"], "--methods: each run once, got grpo@none more"),
     (["--methods", "grpo,nope"], "--methods: unknown lab method 'nope'"),
     (["--methods", ","], "--methods: give at least one"),
     (["--methods", "grpo+r3", "--policy", "dense"], "--methods: run 'grpo+r3': routing replay"),
@@ -195,7 +196,17 @@ def test_cli_help_lists_the_flags(capsys):
     (["--seeds", "0,0"], "argument --seeds: expected distinct"),
     (["--seeds", "-1"], "argument --seeds"),
     (["--seeds", ""], "argument --seeds"),
-    (["--quant", "e9m9"], "argument --quant: unknown quantisation mode 'e9m9'"),
+    (["--quant", "e9m9"], "argument --quant: quant mode: unknown 'e9m9'; choose one of none, bf16, e4m3-w, e4m3, "
+                          "e5m2-w, e5m2, nvfp4, mxfp4, int4 or tempX"),
+    (["--quant", "e4m3,,nope"], "argument --quant: quant mode: unknown 'nope'"),
+    (["--quant", "none,e4m3,none"], "argument --quant: each engine once"),
+    (["--quant", "temp0"], "argument --quant: quant mode 'temp0': 'temp0' needs a finite engine temperature > 0"),
+    (["--quant", "tempfast"], "needs a finite engine temperature"),
+    (["--quant", "none+router"], "+router needs a quantised engine"),
+    (["--quant", "e4m3+turbo"], "suffix 'turbo' is not +router or +tempX"),
+    (["--num-steps-per-rollout", "0"], "argument --num-steps-per-rollout: must be an integer >= 1, got '0'"),
+    (["--num-steps-per-rollout", "3"], "must be a multiple of num_steps_per_rollout x micro_batches (3 x 2)"),
+    (["--device", "tpu"], "argument --device: expected one of ['cpu', 'cuda'], got 'tpu'"),
     (["--task", "foo"], "argument --task: invalid choice"),
     (["--steps", "0"], "argument --steps"),
     (["--samples", "1"], "argument --samples"),
@@ -228,4 +239,68 @@ def test_presets_fill_unset_options_and_flags_override_them():
     for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
         o = resolve(parser.parse_args(["lab", "--preset", name]))
         assert set(preset) <= set(LAB_DEFAULTS)
-        [RunSpec.parse(m, o["quant"], 8) for m in o["methods"].split(",")]
+        RunSpec.expand(o["methods"].split(","), o["quant"].split(","), 8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda on a machine without CUDA")
+def test_cli_refuses_cuda_without_a_gpu_and_auto_picks_cpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(lab_run, "warmup_policy", lambda *_, **__: pytest.fail("the warm-up must not start"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["lab", "--device", "cuda", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "argument --device: cuda requested but torch finds no CUDA GPU" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["lab"]).device == "cpu"
+    settings = LabSettings(device="cuda", policy="dense")  # a GPU run's settings still read back (--report-only)
+    with pytest.raises(ValueError, match="device: cuda requested"):
+        Trainer(RunSpec.parse("grpo", "e4m3"), settings, random_policy_state(), tmp_path)
+    with pytest.raises(ValueError, match="device: expected one of"):
+        LabSettings(device="gpu")
+
+
+def test_help_lists_every_engine_and_method_unbroken(capsys):
+    from mismatch_ctrl.lab.quant import QUANT_MODES
+
+    with pytest.raises(SystemExit):
+        cli.main(["lab", "--help"])
+    words = set(capsys.readouterr().out.replace(",", " ").replace("(", " ").replace(")", " ").replace(";", " ").split())
+    assert set(QUANT_MODES) <= words
+    assert set(method_names()) <= words
+    assert {"tempX", "+router", "--num-steps-per-rollout", "--device"} <= words
+
+
+def test_runs_are_methods_times_doses_and_a_pinned_method_keeps_its_engine():
+    runs = RunSpec.expand(["grpo", "token_tis@e4m3", "dcgrpo+r3"], ["none", "nvfp4+router", "temp1.05"], 8)
+    assert [r.label for r in runs] == [
+        "grpo@none", "grpo@nvfp4+router", "grpo@temp1.05", "token_tis@e4m3",
+        "dcgrpo@none+r3", "dcgrpo@nvfp4+router+r3", "dcgrpo@temp1.05+r3"]
+    assert RunSpec.parse("grpo@e4m3+temp1.50", "none").quant == "e4m3+temp1.5"
+    with pytest.raises(ValueError, match="at least one engine"):
+        RunSpec.expand(["grpo"], [" "])
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_num_steps_per_rollout_is_the_number_of_optimizer_steps(tmp_path, k):
+    settings = LabSettings(**{**TINY, "steps": 2}, policy="dense", optimizer_steps=k)
+    trainer = Trainer(RunSpec.parse("grpo", "e4m3"), settings, random_policy_state(), tmp_path)
+    trainer.run()
+    steps = {int(state["step"]) for state in trainer.optimizer.state.values()}
+    assert steps == {2 * k}
+    assert settings.global_batch_size == 16 // k
+    with pytest.raises(ValueError, match="num_steps_per_rollout .* must be >= 1"):
+        LabSettings(optimizer_steps=0)
+
+
+def test_a_blown_up_policy_is_reported_collapsed_not_a_sampler_traceback(tmp_path):
+    # A policy whose LM head holds an infinity (what a learning rate that blows up the weights ends in): every logit
+    # row holds inf or NaN. The sampler ends those responses with EOS instead of torch.multinomial raising, counts
+    # them, and the run finishes with a finite summary that says it collapsed at the first rollout.
+    state = random_policy_state("moe")
+    state["state_dict"]["lm_head.weight"][7] = math.inf
+    settings = LabSettings(**{**TINY, "steps": 3, "eval_every": 1}, policy="moe")
+    with pytest.warns(RuntimeWarning, match="nonfinite_tokens"):  # the hooks drop and count the NaN log-probs
+        summary = Trainer(RunSpec.parse("grpo", "e4m3", 4), settings, state, tmp_path).run()
+    rows = records(tmp_path / "metrics.jsonl")
+    assert [r["engine_nonfinite_fraction"] for r in rows] == [1.0, 1.0, 1.0]
+    assert all(r["response_length"] == 1.0 for r in rows)
+    assert summary["engine_nonfinite_fraction"] == 1.0 and summary["collapse_step"] == 0
+    assert all(math.isfinite(v) for v in summary.values() if isinstance(v, float)), summary
