@@ -104,7 +104,7 @@ def _train(todo: list[tuple[RunSpec, LabSettings]], base: WarmupConfig, out_dir:
     states = {}
     for seed in sorted({s.seed for _, s in todo}):
         warm = warmup_policy(dataclasses.replace(base, seed=seed), cache_dir=cache_dir,
-                             log=print if show_progress else None, device=settings.device)
+                             log=print if show_progress else None, device=todo[0][1].device)
         if show_progress:
             print(f"warm-up seed {seed} ({base.policy}, {warm.policy.num_parameters()} parameters): "
                   f"{'cached' if warm.from_cache else f'{warm.seconds:.0f} s'}, sample accuracy "
