@@ -105,6 +105,7 @@ def _lab(ns: argparse.Namespace) -> int:
 
 def _analyze(ns: argparse.Namespace) -> int:
     from .analyze import AnalyzeOptions, DumpError, analyze_dumps, write_report
+    from .analyze.report import not_measured
     from .errors import InputError
 
     options = AnalyzeOptions(config=ns.config, architecture=ns.arch, num_experts=ns.num_experts,
@@ -133,6 +134,13 @@ def _analyze(ns: argparse.Namespace) -> int:
     if ns.json == "-":
         print(json.dumps(result, indent=1))
     print(f"report: {report}", file=sys.stderr if ns.json == "-" else sys.stdout)
+    counts = result["counts"]
+    refused = result["skipped"] or any("not used" in note for row in result["rollouts"] for note in row["notes"])
+    if counts["measured"] == 0 and (refused or counts["with_train_log_probs"]):
+        why = "dump files were refused" if refused else not_measured(counts)
+        print(f"mismatch-ctrl analyze: no rollout could be measured, the report has no discrepancy numbers: {why} "
+              "(the report's 'Skipped files and notes' names each file and the reason)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -510,6 +510,10 @@ def _column(rows: list[dict[str, Any]], key: str, n_tokens: list[int], path: Pat
         raise DumpError(f"{path}: {key} is present for only {sum(present)} of {len(rows)} samples")
     out = []
     for i, (row, n) in enumerate(zip(rows, n_tokens)):
+        if key.endswith("log_probs") and not _floating(row[key]):
+            raise DumpError(f"{path}: sample {i} ({label} {row.get('rollout_position', i)}): {key} holds integers "
+                            f"({_dtype_name(row[key])}), not log-probs: the dump is not what slime writes (token ids "
+                            "or masks under the wrong key?); re-dump it")
         tensor = _tensor(row[key], path, f"sample {i}: {key}")
         if tensor.numel() != n:
             raise DumpError(f"{path}: sample {i} ({label} {row.get('rollout_position', i)}): {key} has "
@@ -517,6 +521,17 @@ def _column(rows: list[dict[str, Any]], key: str, n_tokens: list[int], path: Pat
                             "response tensors (context-parallel shards gathered)")
         out.append(tensor)
     return out
+
+
+def _floating(value: Any) -> bool:
+    """Whether log-probs are floating point: a float tensor or array, or a list with a float (an empty list too)."""
+    if torch.is_tensor(value) or isinstance(value, np.ndarray):
+        return value.dtype.is_floating_point if torch.is_tensor(value) else np.issubdtype(value.dtype, np.floating)
+    return not isinstance(value, (list, tuple)) or not value or any(isinstance(v, float) for v in value)
+
+
+def _dtype_name(value: Any) -> str:
+    return str(value.dtype) if hasattr(value, "dtype") else "a list of integers"
 
 
 def _constant(value: float, n: int) -> torch.Tensor:

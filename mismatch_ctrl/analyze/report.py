@@ -26,7 +26,7 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
     rec, replay, surge = result["recommendation"], result["dcgrpo_replay"], result["surge"]
     lines = ["## Recommendations", ""]
     if rec["eps_auto"] is None:
-        lines += [_not_measured(result["counts"]) + " So the discrepancy, eps and the DC-GRPO replay are not "
+        lines += [not_measured(result["counts"]) + " So the discrepancy, eps and the DC-GRPO replay are not "
                   "available.", ""]
     else:
         partial = (f" (from only {rec['rollouts_measured']} rollouts: the rule needs {rec['calibration_rollouts']})"
@@ -94,7 +94,7 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _not_measured(counts: dict[str, Any]) -> str:
+def not_measured(counts: dict[str, Any]) -> str:
     """Why no rollout could be measured, from the most basic missing piece on."""
     if not counts["with_train_log_probs"]:
         return ("No rollout has the training engine's log-probs (`log_probs` of a train dump): dump with "

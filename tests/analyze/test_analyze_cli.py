@@ -102,3 +102,37 @@ def test_a_lab_style_rollout_data_dump_is_analysed(tmp_path, capsys, no_plots):
                                 "nonfinite_rewards": 0}
     assert all(row["files"] == [str(tmp_path / "train_data" / f"{row['rollout_id']}.pt")]
                for row in result["rollouts"])
+
+
+def lab_dump(directory, step, g, log_probs, rollout):
+    """A train dump as the lab writes it, then its log-prob tensors replaced as a broken writer would store them."""
+    r = make_rollout(step, g, samples=4)
+    data = {"rewards": r.rewards, "raw_reward": r.raw, "response_lengths": r.lengths,
+            "total_lengths": [5 + n for n in r.lengths], "loss_masks": [m.int() for m in r.masks],
+            "rollout_log_probs": r.rollout, "log_probs": r.train,
+            "kl": [torch.zeros(n) for n in r.lengths], "truncated": r.truncated}
+    path = write_train_dump(directory, step, *samples_from_rollout_data(data))
+    payload = torch.load(path, weights_only=True)
+    for sample in payload["samples"]:
+        sample["log_probs"], sample["rollout_log_probs"] = log_probs(sample["log_probs"]), rollout(
+            sample["rollout_log_probs"])
+    torch.save(payload, path)
+
+
+@pytest.mark.parametrize("case, log_probs, rollout, message", [
+    ("integer log-probs", lambda t: t.round().long(), lambda t: t, "log_probs holds integers (torch.int64)"),
+    ("non-finite rollout log-probs", lambda t: t, lambda t: torch.full_like(t, float("nan")), "NaN/inf"),
+])
+def test_dumps_that_cannot_be_measured_exit_1_and_say_why(tmp_path, capsys, no_plots, case, log_probs, rollout,
+                                                         message):
+    g = torch.Generator().manual_seed(4)
+    for step in range(2):
+        lab_dump(tmp_path, step, g, log_probs, rollout)
+    code = main(["analyze", str(tmp_path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    report = tmp_path / "out" / "report.md"
+    if code == 2:  # nothing readable at all: the refusal names each file and the reason
+        assert "no readable rollout" in err and message in err and not report.exists()
+    else:
+        assert code == 1 and "no rollout could be measured" in err
+        assert message in report.read_text()  # the reason, in the report's notes

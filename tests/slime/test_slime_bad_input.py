@@ -238,3 +238,12 @@ def test_check_config_and_the_init_hook_refuse_the_same_yaml_shapes(tmp_path, sh
         refused = True
     assert (checked == 2) == refused, capsys.readouterr().err
     assert refused == (not shape.startswith("valid"))
+
+
+@pytest.mark.parametrize("key", ["log_probs", "rollout_log_probs"])
+def test_integer_log_probs_are_refused_not_averaged(key):
+    d = rollout_data(make_batch(3), FULL)
+    d[key] = [t.round().long() for t in d[key]]
+    with pytest.raises(InputError, match=f"{key if key != 'log_probs' else 'train_log_probs'} must hold floating-point "
+                                         "log-probs, got dtype torch.int64"):
+        hooks.advantages(make_args(method("dcgrpo")), d)
