@@ -84,4 +84,13 @@ def rollout_correction(
         pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
     masks = layout.full_masks(loss_masks, keep) if plan is not None or dropped is not None else list(loss_masks)
     token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
+    nonfinite_loss = ~torch.isfinite(pg_loss.detach()) & (keep > 0)
+    count = int(nonfinite_loss.sum())
+    if count:
+        runtime.warn_once("nonfinite_pg_loss", f"mismatch_ctrl: pg_loss is NaN/inf at {count} trained token(s) of "
+                                               "this micro-batch (finite log-probs of both engines there): slime's "
+                                               "loss and gradients will be NaN; counted in "
+                                               "train/mismatch_ctrl/nonfinite_pg_loss_fraction (check the learning "
+                                               "rate and the policy's logits)")
+    token_metrics["nonfinite_pg_loss_fraction"] = nonfinite_loss.to(dtype)
     return pg_loss, masks, {METRIC_PREFIX + name: value.to(pg_loss.dtype) for name, value in token_metrics.items()}

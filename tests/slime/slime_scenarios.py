@@ -223,6 +223,9 @@ def correction_reference(case: str, dp_size: int) -> dict[str, Any]:
             summary.update(correction.metrics.summary)
             per_sample.update({k: v.tolist() for k, v in correction.metrics.per_sequence("mean").items()})
             weights, keep = correction.weights, correction.mask
+        # pg_loss_values is NaN only where a log-prob is: those tokens leave the loss, so no trained token's is NaN.
+        summary["nonfinite_pg_loss_fraction"] = 0.0
+        per_sample["nonfinite_pg_loss_fraction"] = [0.0] * len(samples)
         totals = {"trained_tokens", "nonfinite_tokens", "rejected_tokens", "sequences", "valid_sequences"}
         return {"samples": samples, "weights": dict(zip(samples, tb.segments.split(weights))),
                 "keep": dict(zip(samples, tb.segments.split(keep))),

@@ -247,3 +247,21 @@ def test_integer_log_probs_are_refused_not_averaged(key):
     with pytest.raises(InputError, match=f"{key if key != 'log_probs' else 'train_log_probs'} must hold floating-point "
                                          "log-probs, got dtype torch.int64"):
         hooks.advantages(make_args(method("dcgrpo")), d)
+
+
+def test_a_nonfinite_pg_loss_is_counted_and_named_not_hidden(caplog):
+    batch = make_batch(5)
+    args = make_args(method("grpo"))
+    offsets = torch.tensor([0] + batch.response_lengths).cumsum(0).tolist()
+    sample = next(i for i, m in enumerate(batch.loss_masks) if int(m.sum()) >= 2)
+    position = offsets[sample] + int(batch.loss_masks[sample].nonzero()[0, 0])
+    pg = torch.ones(sum(batch.response_lengths))
+    pg[position] = float("nan")
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        out, _, metrics = hooks.rollout_correction(args, **tis_kwargs(batch, pg_loss=pg))
+    assert torch.isnan(out[position])  # slime's loss will be NaN: not hidden
+    fraction = metrics[PREFIX + "nonfinite_pg_loss_fraction"]
+    assert fraction[position] == 1 and float(fraction.sum()) == 1
+    assert "pg_loss is NaN/inf at 1 trained token" in caplog.text and "slime's loss" in caplog.text
+    _, _, clean = hooks.rollout_correction(args, **tis_kwargs(batch, pg_loss=torch.ones_like(pg)))
+    assert float(clean[PREFIX + "nonfinite_pg_loss_fraction"].sum()) == 0
