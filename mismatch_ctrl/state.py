@@ -27,6 +27,8 @@ from .formatting import brief, clip
 
 FORMAT = "mismatch_ctrl.state"
 VERSION = 3
+MAX_STATE_BYTES = 16 << 20
+"""A state file is a few KB (the surge detector's history grows by one number per rollout); more is not one."""
 
 
 def _upgrade_v2(state: dict[str, Any]) -> dict[str, Any]:
@@ -153,14 +155,21 @@ def validated(state: Any, schema: Mapping[str, Check], where: str) -> dict[str, 
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically (temp file + fsync + rename + directory fsync)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise StateError(f"{path}: cannot write the controller state ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise StateError(f"{path}: cannot write the controller state ({exc.strerror or exc}); the previous state "
+                         "file, if any, is intact") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -207,9 +216,11 @@ class StateStore:
                 f"(state files present for rollouts {have or 'none'}). Restore the file from the run that wrote the "
                 "checkpoint, or start the controllers afresh on purpose with --finetune or a new --save directory.")
         try:
+            if path.stat().st_size > MAX_STATE_BYTES:
+                raise ValueError(f"{path.stat().st_size} bytes, more than a state file's {MAX_STATE_BYTES}")
             document = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StateError(f"{path}: unreadable mismatch_ctrl state ({exc})") from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise StateError(f"{path}: unreadable mismatch_ctrl state ({clip(str(exc), 200)})") from None
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             raise StateError(f"{path}: not a mismatch_ctrl state file (format {brief(document.get('format'))})"
                              if isinstance(document, dict) else f"{path}: not a mismatch_ctrl state file")

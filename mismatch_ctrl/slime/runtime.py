@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ..controllers import ControllerSet
 from ..errors import ConfigError, StateError
 from ..formatting import brief
 from ..state import StateStore
+from ._groups import topology
 from .names import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK, TRACKER
 
 log = logging.getLogger("mismatch_ctrl")
@@ -67,22 +69,34 @@ def architecture_source(args: Any) -> dict[str, Any]:
 
 
 def _create(args: Any) -> Runtime:
-    section = getattr(args, "mismatch_ctrl", None)
-    if section is None:
+    if not hasattr(args, "mismatch_ctrl"):
         raise ConfigError("args has no 'mismatch_ctrl' settings: pass a YAML with a top-level 'mismatch_ctrl:' key "
                           "with --custom-config-path, e.g. configs/methods/dcgrpo.yaml")
-    config = build_config(required_section(section, "args.mismatch_ctrl: "), **architecture_source(args))
+    config = build_config(required_section(args.mismatch_ctrl, "args.mismatch_ctrl: "), **architecture_source(args))
     check_slime_args(args, config)
     controllers, next_rollout = _resume(args, config)
     save = getattr(args, "save", None)
     store = StateStore(Path(save) / "mismatch_ctrl", config.state.keep_last) if save else None
     if store is not None:
         check_writable(store.directory)
+        if controllers.last_rollout is None and store.rollout_ids() and topology().is_main_rank:
+            _move_aside(store)
     elif controllers.dcgrpo or controllers.lr or controllers.acrl:
         log.warning("mismatch_ctrl: no --save directory, controller state will not be persisted")
     log.info("mismatch_ctrl: method %r, architecture %s, first rollout %d", config.name, config.architecture,
              next_rollout)
     return Runtime(config, controllers, store, next_rollout)
+
+
+def _move_aside(store: StateStore) -> None:
+    """A fresh start into a ``--save`` that holds another run's state files: keep them, out of the new run's way
+    (mixed in, the new run's early files would be the oldest and pruned first)."""
+    held = store.rollout_ids()
+    aside = store.directory.with_name(f"{store.directory.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+    store.directory.rename(aside)
+    store.directory.mkdir()
+    log.warning("mismatch_ctrl: %s held controller state of another run (rollouts %s) while this run starts afresh; "
+                "moved it to %s", store.directory, held, aside)
 
 
 def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
@@ -172,6 +186,16 @@ def check_slime_args(args: Any, config: Config) -> None:
             raise ConfigError(f"lr_decay scales --lr, which must be a finite number > 0, got {brief(lr)}")
         if min_lr is not None and not (_finite(min_lr) and min_lr >= 0):
             raise ConfigError(f"lr_decay scales --min-lr, which must be a finite number >= 0, got {brief(min_lr)}")
+    rollouts = getattr(args, "num_rollout", None)
+    if isinstance(rollouts, int) and not isinstance(rollouts, bool):
+        d, period = config.dcgrpo, config.lr_decay.period
+        if d.enabled and d.eps == "auto" and d.penalty_form != "fixed" and d.calibration_rollouts >= rollouts:
+            raise ConfigError(f"mismatch_ctrl.dcgrpo.calibration_rollouts = {d.calibration_rollouts} with eps: auto, "
+                              f"but --num-rollout is {rollouts}: DC-GRPO would calibrate for the whole run and never "
+                              "shape an advantage; lower calibration_rollouts or give eps a number")
+        if config.lr_decay.enabled and isinstance(period, int) and period >= rollouts:
+            log.warning("mismatch_ctrl: lr_decay.period = %d but --num-rollout is %d: the learning rate never halves "
+                        "in this run", period, rollouts)
     if config.lr_decay.enabled and getattr(args, "decoupled_lr", None) is not None:
         raise ConfigError("lr_decay with --decoupled-lr is not supported: the decoupled param groups cannot be told "
                           "apart in megatron-core 0.16 param groups")

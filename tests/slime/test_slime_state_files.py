@@ -1,0 +1,79 @@
+"""Issue 18 item 11 through the hooks: settings under which a controller never engages, another run's state files in
+--save, hostile state files, a full disk while saving."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+
+import pytest
+from slime_data import FULL, make_args, make_batch, method, rollout_data
+
+from mismatch_ctrl.errors import ConfigError, StateError
+from mismatch_ctrl.slime import hooks
+from mismatch_ctrl.state import StateStore
+
+
+def test_eps_auto_that_would_calibrate_for_the_whole_run_is_refused():
+    args = make_args(method("dcgrpo", dcgrpo={"eps": "auto", "calibration_rollouts": 10}), num_rollout=10)
+    with pytest.raises(ConfigError, match=r"calibration_rollouts = 10 with eps: auto, but --num-rollout is 10"):
+        hooks.on_megatron_init(args)
+    hooks.on_megatron_init(make_args(method("dcgrpo", dcgrpo={"eps": "auto"}), num_rollout=11))
+
+
+def test_a_period_longer_than_the_run_is_named(caplog):
+    args = make_args(method("length_decay", lr_decay={"period": 500}), num_rollout=100)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        hooks.on_megatron_init(args)
+    assert "the learning rate never halves" in caplog.text
+
+
+def test_another_runs_state_files_are_moved_aside_not_mixed_or_deleted(tmp_path, caplog):
+    old = StateStore(tmp_path / "mismatch_ctrl")
+    for rollout in (40, 41, 42):
+        old.save(rollout, {"from": "the previous run"})
+    args = make_args(method("dcgrpo"), save=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        hooks.on_megatron_init(args)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("mismatch_ctrl.previous-")]
+    assert len(aside) == 1 and StateStore(aside[0]).rollout_ids() == [40, 41, 42]
+    assert str(aside[0]) in caplog.text and "[40, 41, 42]" in caplog.text
+    for r in range(4):
+        hooks.advantages(args, rollout_data(make_batch(r), FULL))
+    assert StateStore(tmp_path / "mismatch_ctrl").rollout_ids() == [1, 2, 3]  # the new run's own, newest 3
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("[" * 100_000 + "]" * 100_000, "unreadable"),
+    ('{"format": "mismatch_ctrl.state", "version": 3, "rollout_id": 0, "state": ' + "[" * 5000 + "]" * 5000 + "}",
+     "unreadable"),
+])
+def test_hostile_state_files_end_in_state_error(tmp_path, content, needle):
+    store = StateStore(tmp_path)
+    store.path(0).write_text(content)
+    with pytest.raises(StateError, match=needle):
+        store.load(0)
+
+
+def test_a_huge_state_file_is_refused_before_it_is_read(tmp_path):
+    store = StateStore(tmp_path)
+    with open(store.path(0), "wb") as f:
+        f.truncate(17 << 20)
+    with pytest.raises(StateError, match="more than a state file's"):
+        store.load(0)
+
+
+def test_a_full_disk_while_saving_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    store = StateStore(tmp_path)
+    store.save(3, {"lam": 0.1})
+    before = store.path(3).read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("mismatch_ctrl.state.os.fsync", full)
+    with pytest.raises(StateError, match=r"state_0000003.json: cannot write the controller state \(No space left"):
+        store.save(3, {"lam": 0.2})
+    assert store.path(3).read_bytes() == before and json.loads(before)["state"] == {"lam": 0.1}
+    assert [p.name for p in tmp_path.iterdir()] == ["state_0000003.json"]  # no temporary file left
