@@ -56,7 +56,8 @@ def test_lambda_trajectory_is_the_controllers(run):
             assert got["lambda"] == pytest.approx(direct.shaping_lambda, rel=1e-4, abs=1e-9)
             assert got["eps"] == pytest.approx(direct.eps)
         direct.update(c)
-    expected = ref.lagrange_trajectory(c_bars, 0.2, 5.0, 0.004, 1.0, floor_window=2, drift_window=10, drift="persistent")
+    expected = ref.lagrange_trajectory(c_bars, 0.2, 5.0, 0.004, 1.0, floor_window=2, drift_window=10,
+                                       drift="persistent")
     assert [x["lambda"] for x in replayed if x] == pytest.approx(
         [lam for (lam, _), c in zip(expected, c_bars) if c is not None], rel=1e-4, abs=1e-9)
     summary = result["dcgrpo_replay"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_harness import (HF_CONFIGS, HOOKS, KNOWN_TRAIN_FLAGS, LAUNCHERS, MODELS, REPO, Sandbox, contains_run, model_args,
-                            options, ray_option, split_submit)
+from launch_harness import (HF_CONFIGS, HOOKS, KNOWN_TRAIN_FLAGS, LAUNCHERS, MODELS, REPO, Sandbox, contains_run,
+                            model_args, options, ray_option, split_submit)
 
 # slime 624b824a loss.py vanilla_tis_function: clamp(exp(old - rollout), tis_clip_low=0, tis_clip=2); the token_tis
 # preset (truncate at 2) through our TIS hook is the same weight, so the aligned baseline needs no --use-tis.
