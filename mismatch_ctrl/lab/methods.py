@@ -46,17 +46,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "geo_rs_e4m3": ("geo_mis", {"correction": {"rs_low": 0.87, "rs_high": 1.15}}),
     "geo_rs_e5m2": ("geo_mis", {"correction": {"rs_low": 0.76, "rs_high": 1.31}}),
 }
-"""``dcgrpo_floor_guard`` .. ``dcgrpo_centered_persistent``: DC-GRPO with the safeties of issue 17 added one at a
-time (``drift_guard``, ``penalty_cap``, ``zero_advantage``; ALGORITHMS.md section 2): ``dcgrpo_floor_guard`` is the
+"""``dcgrpo_floor_guard`` .. ``dcgrpo_centered_persistent``: DC-GRPO with the safeties of issue 17 added one at a time
+(``drift_guard``, ``penalty_cap``, ``zero_advantage``; ALGORITHMS.md section 2): ``dcgrpo_floor_guard`` is the
 default before them (the paper's method plus the infeasible-budget guard), ``dcgrpo_persistent`` the default after
 (= ``dcgrpo``). ``dcgrpo_tight_*``: DC-GRPO with eps far below the FP8 engine's discrepancy floor and a large
 lambda_max, without and with the infeasible-budget guard (ALGORITHMS.md section 2); eta = 10 lets lambda climb
-within a lab run's 200 rollouts. ``dcgrpo_centered``: DC-GRPO with the penalty ``lambda (c - eps)``
-(ALGORITHMS.md section 2), zero on average at the budget instead of always pushing the sampled tokens down. ``geo_rs_e4m3`` / ``geo_rs_e5m2``: Geo-RS
-with its band calibrated to the lab's MoE engine in that format: 99% of the warmed-up policies' sequences have
-|geometric-mean log-ratio| <= 0.14 with e4m3 and <= 0.27 with e5m2 (``benchmarks/lab_mismatch.py``, 3 seeds:
-0.127-0.170 and 0.245-0.289), so the bands [exp(-0.14), exp(0.14)] = [0.87, 1.15] and [0.76, 1.31] reject about 1%
-of the sequences at the start and more as the mismatch grows."""
+within a lab run's 200 rollouts. ``dcgrpo_centered``: DC-GRPO with the penalty ``lambda (c - eps)`` (ALGORITHMS.md
+section 2), zero on average at the budget instead of always pushing the sampled tokens down. ``geo_rs_e4m3`` /
+``geo_rs_e5m2``: Geo-RS with its band calibrated to the lab's MoE engine in that format: 99% of the warmed-up
+policies' sequences have |geometric-mean log-ratio| <= 0.14 with e4m3 and <= 0.27 with e5m2
+(``benchmarks/lab_mismatch.py``, 3 seeds: 0.127-0.170 and 0.245-0.289), so the bands [exp(-0.14), exp(0.14)] =
+[0.87, 1.15] and [0.76, 1.31] reject about 1% of the sequences at the start and more as the mismatch grows."""
 
 
 def method_names() -> list[str]:
