@@ -35,6 +35,7 @@ def test_slime_is_moved_to_the_pinned_commit() -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", args["SLIME_COMMIT"])
     runs = " ".join(rest for keyword, rest in instructions() if keyword == "RUN")
     assert 'git checkout --quiet "${SLIME_COMMIT}"' in runs
+    assert not re.search(r"git (fetch|clone|pull)|curl |wget |hf download", runs)  # the package index only
 
 
 def test_the_repository_is_copied_and_installed_without_touching_torch_or_numpy() -> None:
@@ -45,7 +46,7 @@ def test_the_repository_is_copied_and_installed_without_touching_torch_or_numpy(
     runs = [rest for keyword, rest in pairs if keyword == "RUN"]
     install = next(run for run in runs if "-e '.[recipe]'" in run)
     assert "-c /tmp/image-constraints.txt" in install  # every package of the image pinned to its version
-    assert "pip list --format=freeze" in install
+    assert "pip list --format=json | python3 docker/image_constraints.py --exclude mismatch-ctrl" in install
     assert "numpy.__version__.startswith('1.')" in install  # Megatron asserts numpy 1.x
     assert "cmp /tmp/versions-before.txt /tmp/versions-after.txt" in install  # torch/numpy unchanged
     assert "--upgrade" not in install and "-U " not in install
@@ -68,3 +69,25 @@ def test_downloads_use_the_hf_client() -> None:
     for path in shown:
         assert "huggingface-cli" not in path.read_text(), path
     assert "hf download Qwen/Qwen3-30B-A3B --local-dir" in (REPO / "docker" / "README.md").read_text()
+
+
+def test_image_constraints_skip_what_pip_cannot_parse() -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = REPO / "docker" / "image_constraints.py"
+    installed = [{"name": "torch", "version": "2.9.0a0+git1234abc"}, {"name": "numpy", "version": "1.26.4"},
+                 {"name": "sglang", "version": "0.5.15.post1"}, {"name": "deep_ep", "version": "1.0 beta"},
+                 {"name": "flashinfer-python", "version": "0.2.5+cu129torch2.9"}, {"name": "weird", "version": "dev"},
+                 {"name": "slime", "version": "0.1.0", "editable_project_location": "/root/slime"},
+                 {"name": "mismatch_ctrl", "version": "0.1.0"}, {"name": "apex", "version": "0.1"}]
+    done = subprocess.run([sys.executable, str(script), "--exclude", "mismatch-ctrl"], input=json.dumps(installed),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["torch==2.9.0a0+git1234abc", "numpy==1.26.4", "sglang==0.5.15.post1",
+                                   "flashinfer-python==0.2.5+cu129torch2.9", "apex==0.1"]
+    for skipped in ("'deep_ep' '1.0 beta'", "'weird' 'dev'", "slime 0.1.0: an editable install"):
+        assert skipped in done.stderr
+    bad = subprocess.run([sys.executable, str(script)], input="not json", capture_output=True, text=True)
+    assert bad.returncode == 2 and "not pip list --format=json output" in bad.stderr
