@@ -21,12 +21,13 @@ from ..formatting import clip
 from ..slime.names import TRACKER
 from .command import format_command, job_env, nvls_enable, submit_command, train_args
 from .layout import Layout, engine_problems, trainer_problems
+from .eval_cost import eval_cost
 from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
-from .preflight import (IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems, path_problems,
-                        ray_problems)
+from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems,
+                        path_problems, ray_problems)
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -224,6 +225,15 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         report.note(line)
     for line in memory.warnings():
         report.warn(line)
+    try:
+        cost = eval_cost(s)
+    except EVAL_CONFIG_ERRORS:
+        cost = None  # named by the path checks
+    if cost is not None:
+        for line in cost.lines(s["EVAL_PROTOCOL"]):
+            report.note(line)
+        for line in cost.warnings():
+            report.warn(line)
     if user.dry_run:
         report.lines("warning (an error at launch)", paths)
         print(format_command(command), flush=True)

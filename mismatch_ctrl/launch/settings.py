@@ -54,7 +54,12 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
           "method YAML for --custom-config-path"),
         S("MODEL_ARGS_FILE", lambda v, p: f"{v['REPO_ROOT']}/recipes/{v['MODEL']}/model.sh",
           "bash file defining the Megatron MODEL_ARGS array"),
-        S("EVAL_CONFIG", lambda v, p: f"{v['REPO_ROOT']}/recipes/qwen3_30b_a3b/eval.yaml", "slime --eval-config file"),
+        S("EVAL_PROTOCOL", _fixed("light"), "light: the six benchmarks at the training response length with few "
+          "samples (recipes/qwen3_30b_a3b/eval_light.yaml, every 50 rollouts, ~9% of the run's tokens); full: the "
+          "paper-style protocol (eval.yaml: up to 32k tokens, 4-32 samples, every 20 rollouts, ~79%)"),
+        S("EVAL_CONFIG", lambda v, p: f"{v['REPO_ROOT']}/recipes/qwen3_30b_a3b/"
+          f"{'eval.yaml' if v['EVAL_PROTOCOL'] == 'full' else 'eval_light.yaml'}",
+          "slime --eval-config file (default from EVAL_PROTOCOL)"),
         S("ALLOW_MODEL_SHAPE_MISMATCH", _fixed(0), "1: accept an FP8_HF_DIR config.json whose numbers differ from "
           "MODEL_ARGS_FILE (layers, hidden size, heads, experts, ...); a checkpoint of the other kind (dense / MoE) is "
           "refused regardless"),
@@ -114,7 +119,8 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         S("EPS_CLIP", _fixed(0.2), "--eps-clip"),
         S("EPS_CLIP_HIGH", _fixed(0.28), "--eps-clip-high"),
         S("SAVE_INTERVAL", _fixed(20), "--save-interval (rollouts)"),
-        S("EVAL_INTERVAL", _fixed(20), "--eval-interval (rollouts); 0 turns evaluation off"),
+        S("EVAL_INTERVAL", lambda v, p: "20" if v["EVAL_PROTOCOL"] == "full" else "50",
+          "--eval-interval (rollouts; default from EVAL_PROTOCOL); 0 turns evaluation off"),
         S("SKIP_EVAL_BEFORE_TRAIN", _fixed(0), "1: --skip-eval-before-train"),
         S("ROUTING_REPLAY", _fixed(0), "1: --use-rollout-routing-replay (R3, MoE only). It removes the routing part "
           "of the train/rollout mismatch, so calibrate eps with and without it"),
@@ -190,6 +196,8 @@ class Settings:
         out += [f"{name}={self[name]} must be 0 or 1" for name in FLAGS if self[name] not in ("0", "1")]
         if self["NCCL_NVLS_ENABLE"] not in ("0", "1", "auto"):
             out.append(f"NCCL_NVLS_ENABLE={self['NCCL_NVLS_ENABLE']} must be 0, 1 or auto")
+        if self["EVAL_PROTOCOL"] not in ("light", "full"):
+            out.append(f"EVAL_PROTOCOL={self['EVAL_PROTOCOL']} must be light or full")
         if self["TRAIN_PRECISION"] not in PRECISIONS:
             out.append(f"TRAIN_PRECISION={self['TRAIN_PRECISION']} must be one of {', '.join(PRECISIONS)}")
         for name, example in POSITIVE_NUMBERS.items():

@@ -28,7 +28,7 @@ EXPECTED_30B = {
     "--get-mismatch-metrics": [], "--custom-rm-path": ["recipes.qwen3_30b_a3b.reward.rm"],
     "--input-key": ["prompt"], "--label-key": ["label"], "--apply-chat-template": [], "--rollout-shuffle": [],
     "--actor-num-nodes": ["1"], "--actor-num-gpus-per-node": ["8"], "--num-gpus-per-node": ["8"],
-    "--eval-config": [str(REPO / "recipes" / "qwen3_30b_a3b" / "eval.yaml")],
+    "--eval-config": [str(REPO / "recipes" / "qwen3_30b_a3b" / "eval_light.yaml")], "--eval-interval": ["50"],
     "--use-dynamic-batch-size": [], "--recompute-granularity": ["full"],
     **{flag: [path] for flag, path in HOOKS.items()},
 }
@@ -317,3 +317,24 @@ def test_the_fp8_aligned_baseline_changes_only_the_training_precision(sandbox: S
     assert [w for w in aligned if w not in FP8_TRAINING] == [
         w.replace("qwen3_30b_a3b_token_tis", "qwen3_30b_a3b_token_tis_fp8train") for w in token_tis]
     assert "FP8 blockwise e4m3 (Transformer Engine) compute" in runs["qwen3_30b_fp8_aligned.sh"].stderr
+
+
+def test_dry_run_estimates_what_evaluation_costs(sandbox: Sandbox) -> None:
+    light = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
+    assert light.returncode == 0, light.stderr
+    # eval_light.yaml: (30 + 30 + 40) x 8 + 500 + 272 + 675 = 2,247 responses of up to 8,192 tokens; 500 // 50 + 1
+    # evaluations; training 500 x 64 x 8 x 8,192 tokens at most.
+    evaluation, training = 2247 * 8192 * 11, 500 * 64 * 8 * 8192
+    share = round(100 * evaluation / (evaluation + training))
+    assert (f"evaluation (EVAL_PROTOCOL=light): 2,247 responses of up to 8,192 tokens per evaluation, 11 evaluations: "
+            f"at most {evaluation / 1e9:.2f}B tokens, {share}% of the run's generated tokens") in light.stderr
+    assert "evaluation would generate" not in light.stderr and share <= 10
+    full = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={"EVAL_PROTOCOL": "full"})
+    assert full.returncode == 0
+    assert "8,988 responses of up to 32,768 tokens per evaluation, 26 evaluations" in full.stderr
+    assert "warning: evaluation would generate 79% of the run's tokens" in full.stderr
+    train = options(split_submit(full.command())[1])
+    assert train["--eval-config"] == [[str(REPO / "recipes" / "qwen3_30b_a3b" / "eval.yaml")]]
+    assert train["--eval-interval"] == [["20"]]
+    bad = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={"EVAL_PROTOCOL": "paper"})
+    assert bad.returncode == 2 and "EVAL_PROTOCOL=paper must be light or full" in bad.stderr

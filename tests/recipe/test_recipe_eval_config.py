@@ -92,3 +92,16 @@ def test_paths_resolve_from_data_dir_with_omegaconf(monkeypatch):
     monkeypatch.setenv("DATA_DIR", "/mnt/data")
     resolved = omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(EVAL_YAML), resolve=True)
     assert resolved["eval"]["datasets"][-1]["path"] == "/mnt/data/eval/olympiadbench.jsonl"
+
+
+def test_the_light_protocol_has_the_same_sets_and_keys_at_the_training_length(config):
+    light = yaml.safe_load(EVAL_YAML.with_name("eval_light.yaml").read_text(encoding="utf-8"))["eval"]
+    assert [d["name"] for d in light["datasets"]] == [d["name"] for d in config["datasets"]]
+    assert [d["path"] for d in light["datasets"]] == [d["path"] for d in config["datasets"]]
+    assert {k: v for k, v in light["defaults"].items() if k != "max_response_len"} == \
+        {k: v for k, v in config["defaults"].items() if k != "max_response_len"}
+    assert light["defaults"]["max_response_len"] == 8192  # the training length, --rollout-max-response-len
+    assert set(light["defaults"]) <= SLIME_DATASET_FIELDS and all(set(d) <= SLIME_DATASET_FIELDS
+                                                                  for d in light["datasets"])
+    samples = {d["name"]: d["n_samples_per_eval_prompt"] for d in light["datasets"]}
+    assert samples == {"aime24": 8, "aime25": 8, "amc23": 8, "math500": 1, "minerva": 1, "olympiadbench": 1}

@@ -1,0 +1,88 @@
+"""What evaluation costs a run, in generated tokens, next to training: printed by ``--dry-run`` and a launch.
+
+Per evaluation: ``sum over datasets of prompts x n_samples_per_eval_prompt`` responses of up to ``max_response_len``
+tokens (a dataset's own values, else the file's ``defaults``, else slime's ``--rollout-*`` values: one sample,
+``MAX_RESPONSE_LEN``). Evaluations per run: one every ``EVAL_INTERVAL`` rollouts, plus one before training unless
+``SKIP_EVAL_BEFORE_TRAIN=1``. Training: ``NUM_ROLLOUT x ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT`` responses of up to
+``MAX_RESPONSE_LEN``. Both are upper bounds (responses stop early); the share compares like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .preflight import eval_data_files
+from .settings import Settings
+
+RECORDED_PROMPTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675}
+"""Problems per evaluation set of the recipe (the published sets ``recipes/qwen3_30b_a3b/data.py`` writes), used
+until the files exist."""
+
+SHARE_WARNING = 0.25
+"""Evaluation above this share of the run's generated tokens gets a warning."""
+
+
+@dataclass(frozen=True)
+class EvalCost:
+    responses: int
+    tokens_per_evaluation: int
+    evaluations: int
+    training_tokens: int
+    unknown_sets: tuple[str, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_per_evaluation * self.evaluations
+
+    @property
+    def share(self) -> float:
+        return self.tokens / max(self.tokens + self.training_tokens, 1)
+
+    def lines(self, protocol: str) -> list[str]:
+        unknown = f" (not counted: {', '.join(self.unknown_sets)}, size unknown)" if self.unknown_sets else ""
+        return [f"evaluation (EVAL_PROTOCOL={protocol}): {self.responses:,} responses of up to "
+                f"{self.tokens_per_evaluation // max(self.responses, 1):,} tokens per evaluation, {self.evaluations} "
+                f"evaluations: at most {self.tokens / 1e9:.2f}B tokens, {self.share:.0%} of the run's generated tokens "
+                f"(training at most {self.training_tokens / 1e9:.2f}B){unknown}"]
+
+    def warnings(self) -> list[str]:
+        if self.share <= SHARE_WARNING:
+            return []
+        return [f"evaluation would generate {self.share:.0%} of the run's tokens: raise EVAL_INTERVAL or use "
+                "EVAL_PROTOCOL=light"]
+
+
+def _prompts(path: str, name: str) -> int | None:
+    file = Path(path)
+    if file.is_file():
+        with file.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    return RECORDED_PROMPTS.get(name)
+
+
+def eval_cost(s: Settings) -> EvalCost | None:
+    """The cost of ``s``'s evaluation (None with ``EVAL_INTERVAL=0``); ``EVAL_CONFIG`` must be readable."""
+    interval = s.int("EVAL_INTERVAL")
+    if interval == 0:
+        return None
+    with open(s["EVAL_CONFIG"]) as f:
+        config = (yaml.safe_load(f) or {}).get("eval", {})
+    defaults = config.get("defaults") or {}
+    responses = tokens = 0
+    unknown = []
+    for dataset, path in zip(config.get("datasets") or [], eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"])):
+        prompts = _prompts(path, str(dataset.get("name")))
+        if prompts is None:
+            unknown.append(str(dataset.get("name")))
+            continue
+        samples = int(dataset.get("n_samples_per_eval_prompt", defaults.get("n_samples_per_eval_prompt", 1)))
+        length = int(dataset.get("max_response_len", defaults.get("max_response_len", s.int("MAX_RESPONSE_LEN"))))
+        responses += prompts * samples
+        tokens += prompts * samples * length
+    rollouts = s.int("NUM_ROLLOUT")
+    evaluations = rollouts // interval + (0 if s.flag("SKIP_EVAL_BEFORE_TRAIN") else 1)
+    training = rollouts * s.int("ROLLOUT_BATCH_SIZE") * s.int("N_SAMPLES_PER_PROMPT") * s.int("MAX_RESPONSE_LEN")
+    return EvalCost(responses, tokens, evaluations, training, tuple(unknown))
