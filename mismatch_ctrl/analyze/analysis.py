@@ -126,6 +126,11 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
     config, method, arch_source = resolve_config(options)
     groups, skipped = find_rollouts(directory, options.unsafe_load)
     if not groups:
+        lab = Path(directory)
+        if (lab / "summary.json").is_file() or any(lab.glob("*/seed*/metrics.jsonl")) or \
+                (lab / "metrics.jsonl").is_file():
+            raise DumpError(f"{directory}: a mismatch-ctrl lab output without dumps; train the runs with "
+                            "`mismatch-ctrl lab --dump-details ...` and analyse OUT/<run>/seed<k>/dump")
         raise DumpError(f"{directory}: no dump files ({{rollout_id}}.pt under train_data/ or rollout_data/, or "
                         "*.pt; names with eval_<n> are slime's evaluation dumps, left out); run slime with "
                         f"--dump-details DIR and analyse DIR{_skipped_text(skipped)}")

@@ -136,3 +136,14 @@ def test_dumps_that_cannot_be_measured_exit_1_and_say_why(tmp_path, capsys, no_p
     else:
         assert code == 1 and "no rollout could be measured" in err
         assert message in report.read_text()  # the reason, in the report's notes
+
+
+@pytest.mark.parametrize("layout", ["out", "run"])
+def test_a_lab_output_without_dumps_points_to_dump_details(tmp_path, capsys, layout):
+    run = tmp_path / "grpo@e4m3" / "seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (tmp_path / "summary.json").write_text("{}")
+    assert main(["analyze", str(tmp_path if layout == "out" else run)]) == 2
+    err = capsys.readouterr().err
+    assert "lab output without dumps" in err and "mismatch-ctrl lab --dump-details" in err
