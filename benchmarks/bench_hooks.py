@@ -2,7 +2,8 @@
 
 - **ops**: aten operations dispatched by one call (counted with a ``TorchDispatchMode``; on a GPU each is about one
   kernel launch, which is what a hook costs at slime's micro-batch sizes). Counted for 8, 64 and 256 sequences: a
-  vectorised hook dispatches the same number for all three.
+  vectorised hook dispatches the same number for all three. Then by token count (20k and 300k tokens): on a CPU the
+  statistics go in cache-sized chunks, each with its own ops; as on a GPU (one chunk) the count stays the same.
 - **collectives**: ``torch.distributed`` calls made by one call on every rank of a real gloo world of 4 processes,
   data-parallel 2 x context-parallel 2 (megatron-core's ``parallel_state``), counted by wrapping the collectives.
 - **time**: CPU time of one call on ~2M tokens (256 responses of 1k-16k tokens, one thread: a whole rollout for
@@ -40,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mismatch_ctrl
 from bench_core import fp8_like_tokens  # benchmarks/ is this script's directory
 from glibc_malloc import keep_freed_memory
+from mismatch_ctrl import seqstats
 from mismatch_ctrl.slime import hooks
 from mismatch_ctrl.slime.cp import local_index
 
@@ -233,6 +235,8 @@ def main() -> None:
                         help="sequence counts for the op counts (default 8 64 256)")
     parser.add_argument("--tokens", type=int, default=20480, help="tokens of the micro-batch whose ops are counted "
                         "(default 20480)")
+    parser.add_argument("--token-counts", type=int, nargs="+", default=[20_000, 300_000],
+                        help="token counts of the ops-by-tokens table (default 20000 300000)")
     parser.add_argument("--time-seqs", type=int, default=256, help="responses of the timed batch (default 256)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
     parser.add_argument("--skip-world", action="store_true", help="do not spawn the DP x CP gloo world")
@@ -264,6 +268,23 @@ def main() -> None:
         growing = {site: (first[site], last[site]) for site in first | last if first[site] != last[site]}
         for site, (low, high) in sorted(growing.items()):
             print(f"    changes with N: {site} ({low} -> {high} ops)")
+
+    print("\naten ops dispatched per call by token count, 64 responses: on a CPU (cache-sized chunks) and as on a GPU "
+          "(one chunk: any device type outside seqstats.CHUNKED_DEVICES)")
+    print(f"{'tokens':>8s}{'':>4s}{'advantage hook':>16s}{'TIS hook':>10s}")
+    by_tokens: dict[str, list[int]] = {}
+    for where, devices in (("CPU", seqstats.CHUNKED_DEVICES), ("GPU", frozenset())):
+        chunked, seqstats.CHUNKED_DEVICES = seqstats.CHUNKED_DEVICES, devices
+        try:
+            for tokens in args.token_counts:
+                calls = hook_calls(make_rollout(64, 0, 0, args.seed, tokens=tokens), list(range(64)))
+                counts = {hook: len(count_ops(call).ops) for hook, call in calls.items()}
+                by_tokens.setdefault(where, []).append(counts["tis"])
+                print(f"{tokens:8d}{where:>4s}{counts['advantages']:16d}{counts['tis']:10d}")
+        finally:
+            seqstats.CHUNKED_DEVICES = chunked
+    print(f"  TIS hook on a GPU: constant in the tokens: {'yes' if len(set(by_tokens['GPU'])) == 1 else 'no'}  "
+          f"{verdict(len(set(by_tokens['GPU'])) == 1)}")
 
     if not args.skip_world:
         ranks = count_collectives(2, 2, 24, args.seed)

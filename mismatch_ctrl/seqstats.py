@@ -15,11 +15,11 @@ and the IS weights touch tokens again, and they reuse the rows.
 
 Cost: the token work is a fixed number of tensor operations per column (one GPU kernel launch each; launches, not
 bandwidth, are what a hook costs at slime's micro-batch sizes) and a fixed number for all the reductions, whatever the
-number of sequences. The table itself is small (``N x K`` numbers), so it is copied to the host once and everything
-per sequence or per batch is numpy arithmetic there, which launches no kernels; the device sees per-sequence values
-again only where tokens need them (:meth:`~mismatch_ctrl.batch.Segments.expand`). The price on a CPU at millions of
-tokens per call is memory: the ``[K, T]`` buffer is one allocation, above glibc's mmap threshold from about 1M tokens,
-so without a caching allocator every call pays its page faults (``benchmarks/bench_core.py`` shows both).
+number of sequences and, on a GPU, of tokens. The table itself is small (``N x K`` numbers), so it is copied to the
+host once and everything per sequence or per batch is numpy arithmetic there, which launches no kernels; the device
+sees per-sequence values again only where tokens need them (:meth:`~mismatch_ctrl.batch.Segments.expand`). On a CPU
+the price of millions of tokens per call is memory traffic, so there the tokens go in cache-sized chunks
+(:data:`CHUNK_BYTES`, :data:`CHUNKED_DEVICES`).
 """
 
 from __future__ import annotations
@@ -97,14 +97,29 @@ class Columns:
 
 
 CHUNK_BYTES = 4 << 20
-"""Columns are written and reduced in chunks of tokens whose ``[K, chunk]`` buffer takes at most this many bytes
-(about 60k tokens for the TIS hook's 17 columns, 150k for the advantage hook's 7). A micro-batch is one chunk: all
-rows stay available and the number of tensor operations does not depend on the number of sequences. A whole rollout
-on a CPU is several chunks through one buffer that stays in cache: per chunk the columns are written and reduced to
-block sums and maxima plus the few edge tokens, per sequence once after the last chunk; only the ``keep`` columns are
-written out at full length. One ``[K, T]`` buffer of millions of tokens makes every pass a trip to memory, and glibc
-maps such an allocation fresh on every call, whose page faults then cost more than the arithmetic
-(``benchmarks/bench_core.py``: 4 MB is about the fastest on a 2-core EPYC with 1 MB of L2 per core)."""
+"""On a CPU, columns are written and reduced in chunks of tokens whose ``[K, chunk]`` buffer takes at most this many
+bytes (about 60k tokens for the TIS hook's 17 columns, 150k for the advantage hook's 7): a whole rollout goes as
+several chunks through one buffer that stays in cache; per chunk the columns are written and reduced to block sums and
+maxima plus the few edge tokens, per sequence once after the last chunk; only the ``keep`` columns are written out at
+full length. One ``[K, T]`` buffer of millions of tokens makes every pass a trip to memory, and glibc maps such an
+allocation fresh on every call, whose page faults then cost more than the arithmetic (``benchmarks/bench_core.py``:
+4 MB is about the fastest on a 2-core EPYC with 1 MB of L2 per core). Each chunk costs its own operations, so the
+operation count grows with the tokens past one chunk."""
+
+CHUNKED_DEVICES = frozenset({"cpu"})
+"""Device types whose batches are chunked (:data:`CHUNK_BYTES`). Elsewhere (a GPU) a call is one chunk whatever its
+size: a kernel launch costs more than the bandwidth the chunks would save, and the caching allocator reuses the
+buffer, so the number of operations stays independent of the tokens (``benchmarks/bench_hooks.py`` prints both)."""
+
+
+def default_chunk_tokens(device: torch.device, total: int, rows: int, element_size: int) -> int:
+    """Tokens per chunk of a ``rows x total`` buffer: the fewest chunks within :data:`CHUNK_BYTES`, of about equal
+    size, on :data:`CHUNKED_DEVICES`; one chunk of all ``total`` tokens elsewhere."""
+    if device.type not in CHUNKED_DEVICES:
+        return max(total, 1)
+    most = max(CHUNK_BYTES // (rows * element_size) // BLOCK, 1) * BLOCK
+    chunks = -(-total // most)
+    return -(-total // chunks) if chunks > 1 else most
 
 
 class SeqStats:
@@ -134,7 +149,7 @@ class SeqStats:
     def build(cls, batch: TokenBatch, columns: Columns, reducers: Reducers = LOCAL,
               chunk_tokens: int | None = None) -> SeqStats:
         """Write every column once, reduce per sequence (by chunks of ``chunk_tokens``, rounded up to whole blocks;
-        default: see :data:`CHUNK_BYTES`), complete over the CP shards with one gather."""
+        default: :func:`default_chunk_tokens`), complete over the CP shards with one gather."""
         sums = {"trained": _trained, **columns.sums}
         maxima = columns.maxima
         writers = {**columns.tokens, **maxima, **sums}
@@ -146,10 +161,8 @@ class SeqStats:
         sum_names, max_names = order[:len(sums)], [name for name in order if name in maxima]
 
         segments, total = batch.segments, batch.segments.num_tokens
-        if chunk_tokens is None:  # the fewest chunks within CHUNK_BYTES, of about equal size
-            most = max(CHUNK_BYTES // (len(order) * batch.mask.element_size()) // BLOCK, 1) * BLOCK
-            chunks = -(-total // most)
-            chunk_tokens = -(-total // chunks) if chunks > 1 else most
+        if chunk_tokens is None:
+            chunk_tokens = default_chunk_tokens(batch.mask.device, total, len(order), batch.mask.element_size())
         chunk_tokens = -(-max(chunk_tokens, 1) // BLOCK) * BLOCK  # whole blocks: a chunk's blocks are the batch's
         single = total <= chunk_tokens
         # One chunk: every column in one buffer, all kept. Several: the kept columns are written straight into

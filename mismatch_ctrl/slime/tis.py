@@ -84,7 +84,8 @@ def rollout_correction(
         pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
     masks = layout.full_masks(loss_masks, keep) if plan is not None or dropped is not None else list(loss_masks)
     token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
-    nonfinite_loss = ~torch.isfinite(pg_loss.detach()) & (keep > 0)
+    loss = pg_loss.detach()
+    nonfinite_loss = (loss - loss).ne_(0).logical_and_(keep > 0)  # x - x is 0 for finite x, NaN for NaN and inf
     count = int(nonfinite_loss.sum())
     if count:
         runtime.warn_once("nonfinite_pg_loss", f"mismatch_ctrl: pg_loss is NaN/inf at {count} trained token(s) of "

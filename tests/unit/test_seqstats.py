@@ -18,7 +18,9 @@ from mismatch_ctrl.dcgrpo import DCGRPOSettings, shape_advantages, shaping_colum
 from mismatch_ctrl.dist import local_gather
 from mismatch_ctrl.metrics import METRIC_COLUMNS, TOKEN_COLUMNS, broadcast_means, mismatch_metrics, token_shaped
 from mismatch_ctrl.presets import PRESETS
-from mismatch_ctrl.seqstats import BatchTotals, Columns, SeqStats, reduce_batch
+from mismatch_ctrl import seqstats
+from mismatch_ctrl.seqstats import (CHUNK_BYTES, BatchTotals, Columns, SeqStats, default_chunk_tokens,
+                                   reduce_batch)
 
 from .inputs import random_batch
 
@@ -119,19 +121,42 @@ def hook_core(batch: TokenBatch) -> int:
     return counter.count
 
 
+def packed_batch(num_seqs: int, tokens: int, seed: int) -> TokenBatch:
+    """About ``tokens`` tokens packed from ``num_seqs`` responses of random lengths, ~10% of them untrained."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = (torch.rand(num_seqs, generator=g) * 2 * tokens / num_seqs).long().clamp_min(1).tolist()
+    raw = random_batch(seed=seed, num_seqs=num_seqs, max_len=1, empty=0.0)  # values only; the layout is set below
+    train = torch.cat(raw.train).repeat(sum(sizes))[:sum(sizes)]
+    rollout = torch.cat(raw.rollout).repeat(sum(sizes))[:sum(sizes)]
+    return TokenBatch.build(Segments(sizes), train, rollout, (torch.rand(sum(sizes), generator=g) < 0.9).float())
+
+
 def test_the_number_of_tensor_operations_does_not_depend_on_the_number_of_sequences():
     """Deterministic, not timed: 8, 64 and 256 sequences of one micro-batch of tokens dispatch the same number of
     operations (benchmarks/bench_hooks.py reports the hooks' counts against their targets)."""
-    counts = set()
-    for n in (8, 64, 256):
-        g = torch.Generator().manual_seed(n)
-        sizes = (torch.rand(n, generator=g) * 2 * 20480 / n).long().clamp_min(1).tolist()
-        raw = random_batch(seed=n, num_seqs=n, max_len=1, empty=0.0)  # values only; the layout is set below
-        train = torch.cat(raw.train).repeat(sum(sizes))[:sum(sizes)]
-        rollout = torch.cat(raw.rollout).repeat(sum(sizes))[:sum(sizes)]
-        batch = TokenBatch.build(Segments(sizes), train, rollout, (torch.rand(sum(sizes), generator=g) < 0.9).float())
-        counts.add(hook_core(batch))
-    assert len(counts) == 1, counts
+    assert len({hook_core(packed_batch(n, 20480, seed=n)) for n in (8, 64, 256)}) == 1
+
+
+def test_off_cpu_the_number_of_tensor_operations_does_not_depend_on_the_number_of_tokens(monkeypatch):
+    """Issue 18 item 13: on a GPU a call is one chunk, so 20k and 300k tokens dispatch the same operations; on a CPU
+    the cache-sized chunks add operations past one chunk (~60k tokens for the TIS hook's columns). The GPU path is
+    the one taken for any device type outside ``CHUNKED_DEVICES``; emptying it takes that path on this CPU."""
+    small, large = packed_batch(64, 20_000, seed=1), packed_batch(64, 300_000, seed=2)
+    assert hook_core(large) > hook_core(small)  # chunked on the CPU
+    monkeypatch.setattr(seqstats, "CHUNKED_DEVICES", frozenset())
+    assert hook_core(large) == hook_core(small)
+
+
+def test_batches_are_chunked_by_cache_size_on_a_cpu_and_whole_elsewhere():
+    rows, size = 17, 4
+    for total in (0, 1, BLOCK, 61_000, 300_000, 2_000_003):
+        assert default_chunk_tokens(torch.device("cuda"), total, rows, size) == max(total, 1)
+        chunk = default_chunk_tokens(torch.device("cpu"), total, rows, size)
+        chunks = -(-total // chunk)
+        assert chunk % BLOCK == 0 or chunks > 1  # one chunk: whole blocks; several: about equal shares of the tokens
+        assert chunk * rows * size <= CHUNK_BYTES
+        assert chunks <= -(-total * rows * size // CHUNK_BYTES) + 1  # the fewest chunks that fit (one more at most
+        # where the equal shares round over a block)
 
 
 @settings(max_examples=30, deadline=None)
