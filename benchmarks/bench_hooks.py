@@ -2,13 +2,15 @@
 
 - **ops**: aten operations dispatched by one call (counted with a ``TorchDispatchMode``; on a GPU each is about one
   kernel launch, which is what a hook costs at slime's micro-batch sizes). Counted for 8, 64 and 256 sequences: a
-  vectorised hook dispatches the same number for all three. Then by token count (20k and 300k tokens): on a CPU the
-  statistics go in cache-sized chunks, each with its own ops; as on a GPU (one chunk) the count stays the same.
+  vectorised hook dispatches the same number for all three. Then by token count (20k, 300k, 2M tokens): on a CPU
+  a batch past 32 MiB of columns goes in 4 MB chunks, each with its own ops; as on a GPU (one chunk) the count stays
+  the same.
 - **collectives**: ``torch.distributed`` calls made by one call on every rank of a real gloo world of 4 processes,
   data-parallel 2 x context-parallel 2 (megatron-core's ``parallel_state``), counted by wrapping the collectives.
 - **time**: CPU time of one call on ~2M tokens (256 responses of 1k-16k tokens, one thread: a whole rollout for
   the advantage hook, a hundred micro-batches at once for the TIS hook), in units of one ``torch.exp`` over the same
-  tokens ("elementwise passes"), with glibc's malloc and with malloc keeping freed memory (as a caching allocator).
+  tokens ("elementwise passes"), with glibc's malloc and with malloc keeping freed memory (as a caching allocator);
+  and the TIS hook's statistics in one chunk and in 4 MB chunks, at 200k and 2M tokens.
 
 Hooks: the advantage hook with DC-GRPO (plus the surge detector and every mismatch metric) and the TIS hook with the
 ``geo_rs_token_tis`` preset (geometric rejection, veto, token TIS) and every metric. ``make bench`` prints the
@@ -42,6 +44,11 @@ import mismatch_ctrl
 from bench_core import fp8_like_tokens  # benchmarks/ is this script's directory
 from glibc_malloc import keep_freed_memory
 from mismatch_ctrl import seqstats
+from mismatch_ctrl.batch import Segments, TokenBatch
+from mismatch_ctrl.correction import correction_columns
+from mismatch_ctrl.metrics import METRIC_COLUMNS, TOKEN_COLUMNS
+from mismatch_ctrl.presets import PRESETS
+from mismatch_ctrl.seqstats import SeqStats
 from mismatch_ctrl.slime import hooks
 from mismatch_ctrl.slime.cp import local_index
 
@@ -223,6 +230,24 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return 1e3 * statistics.median(samples)
 
 
+def time_chunks(seed: int, repeats: int) -> None:
+    """CPU time of the TIS hook's statistics in one chunk and in 4 MB chunks (what ``seqstats.CHUNK_ABOVE_BYTES``
+    decides between), below and above glibc's 32 MiB mmap threshold."""
+    columns = METRIC_COLUMNS | TOKEN_COLUMNS | correction_columns(PRESETS["geo_rs_token_tis"])
+    rows = len({"trained", *columns.sums, *columns.maxima, *columns.tokens})
+    print(f"\nCPU time of the TIS hook's statistics ({rows} columns, SeqStats.build), one chunk vs 4 MB chunks, glibc "
+          "malloc (medians)")
+    for tokens in (200_000, 2_000_000):
+        g = torch.Generator().manual_seed(seed)
+        sizes = (torch.rand(64, generator=g) * 2 * tokens / 64).long().clamp_min(1).tolist()
+        batch = TokenBatch.build(Segments(sizes), *fp8_like_tokens(sum(sizes), g))
+        one, chunked = (median_ms(lambda c=c: SeqStats.build(batch, columns, chunk_tokens=c), repeats)
+                        for c in (sum(sizes), seqstats.CHUNK_BYTES // (rows * 4)))
+        default = seqstats.default_chunk_tokens(batch.mask.device, sum(sizes), rows, 4) < sum(sizes)
+        print(f"  {sum(sizes):>9,} tokens ({sum(sizes) * rows * 4 / 2**20:5.0f} MiB): one chunk {one:7.2f} ms, "
+              f"4 MB chunks {chunked:7.2f} ms, ratio {one / chunked:4.2f}; default: {'chunks' if default else 'one'}")
+
+
 def verdict(ok: bool) -> str:
     return "pass" if ok else "FAIL"
 
@@ -235,8 +260,8 @@ def main() -> None:
                         help="sequence counts for the op counts (default 8 64 256)")
     parser.add_argument("--tokens", type=int, default=20480, help="tokens of the micro-batch whose ops are counted "
                         "(default 20480)")
-    parser.add_argument("--token-counts", type=int, nargs="+", default=[20_000, 300_000],
-                        help="token counts of the ops-by-tokens table (default 20000 300000)")
+    parser.add_argument("--token-counts", type=int, nargs="+", default=[20_000, 300_000, 2_000_000],
+                        help="token counts of the ops-by-tokens table (default 20000 300000 2000000)")
     parser.add_argument("--time-seqs", type=int, default=256, help="responses of the timed batch (default 256)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
     parser.add_argument("--skip-world", action="store_true", help="do not spawn the DP x CP gloo world")
@@ -269,8 +294,8 @@ def main() -> None:
         for site, (low, high) in sorted(growing.items()):
             print(f"    changes with N: {site} ({low} -> {high} ops)")
 
-    print("\naten ops dispatched per call by token count, 64 responses: on a CPU (cache-sized chunks) and as on a GPU "
-          "(one chunk: any device type outside seqstats.CHUNKED_DEVICES)")
+    print("\naten ops dispatched per call by token count, 64 responses: on a CPU (4 MB chunks past 32 MiB of columns) "
+          "and as on a GPU (one chunk: any device type outside seqstats.CHUNKED_DEVICES)")
     print(f"{'tokens':>8s}{'':>4s}{'advantage hook':>16s}{'TIS hook':>10s}")
     by_tokens: dict[str, list[int]] = {}
     for where, devices in (("CPU", seqstats.CHUNKED_DEVICES), ("GPU", frozenset())):
@@ -296,6 +321,7 @@ def main() -> None:
                   f"{verdict(max(per_rank) <= TARGETS[target])}")
 
     if not args.skip_time:
+        time_chunks(args.seed, args.repeats)  # first: the malloc setting below stays for the process
         batch = make_rollout(args.time_seqs, 1000, 16000, args.seed)
         tokens = sum(batch["response_lengths"])
         flat = torch.cat(batch["train"])

@@ -19,8 +19,8 @@ from mismatch_ctrl.dist import local_gather
 from mismatch_ctrl.metrics import METRIC_COLUMNS, TOKEN_COLUMNS, broadcast_means, mismatch_metrics, token_shaped
 from mismatch_ctrl.presets import PRESETS
 from mismatch_ctrl import seqstats
-from mismatch_ctrl.seqstats import (CHUNK_BYTES, BatchTotals, Columns, SeqStats, default_chunk_tokens,
-                                   reduce_batch)
+from mismatch_ctrl.seqstats import (CHUNK_ABOVE_BYTES, CHUNK_BYTES, BatchTotals, Columns, SeqStats,
+                                   default_chunk_tokens, reduce_batch)
 
 from .inputs import random_batch
 
@@ -138,25 +138,27 @@ def test_the_number_of_tensor_operations_does_not_depend_on_the_number_of_sequen
 
 
 def test_off_cpu_the_number_of_tensor_operations_does_not_depend_on_the_number_of_tokens(monkeypatch):
-    """Issue 18 item 13: on a GPU a call is one chunk, so 20k and 300k tokens dispatch the same operations; on a CPU
-    the cache-sized chunks add operations past one chunk (~60k tokens for the TIS hook's columns). The GPU path is
-    the one taken for any device type outside ``CHUNKED_DEVICES``; emptying it takes that path on this CPU."""
-    small, large = packed_batch(64, 20_000, seed=1), packed_batch(64, 300_000, seed=2)
+    """Issue 18 item 13: on a GPU a call is one chunk, so 20k and 600k tokens dispatch the same operations; on a CPU
+    a buffer past 32 MiB (~500k tokens of the TIS hook's columns) goes in chunks, which add operations. The GPU path
+    is the one taken for any device type outside ``CHUNKED_DEVICES``; emptying it takes that path on this CPU."""
+    small, large = packed_batch(64, 20_000, seed=1), packed_batch(64, 600_000, seed=2)
     assert hook_core(large) > hook_core(small)  # chunked on the CPU
     monkeypatch.setattr(seqstats, "CHUNKED_DEVICES", frozenset())
     assert hook_core(large) == hook_core(small)
 
 
-def test_batches_are_chunked_by_cache_size_on_a_cpu_and_whole_elsewhere():
+def test_batches_are_chunked_only_on_a_cpu_and_only_past_the_mmap_threshold():
     rows, size = 17, 4
-    for total in (0, 1, BLOCK, 61_000, 300_000, 2_000_003):
+    for total in (0, 1, BLOCK, 61_000, 300_000, 600_000, 2_000_003):
         assert default_chunk_tokens(torch.device("cuda"), total, rows, size) == max(total, 1)
         chunk = default_chunk_tokens(torch.device("cpu"), total, rows, size)
+        if total * rows * size <= CHUNK_ABOVE_BYTES:
+            assert chunk == max(total, 1)
+            continue
         chunks = -(-total // chunk)
-        assert chunk % BLOCK == 0 or chunks > 1  # one chunk: whole blocks; several: about equal shares of the tokens
-        assert chunk * rows * size <= CHUNK_BYTES
-        assert chunks <= -(-total * rows * size // CHUNK_BYTES) + 1  # the fewest chunks that fit (one more at most
-        # where the equal shares round over a block)
+        fewest = -(-total // (CHUNK_BYTES // (rows * size) // BLOCK * BLOCK))
+        assert chunk * rows * size <= CHUNK_BYTES and chunks == fewest
+        assert chunks * chunk - total < chunks  # about equal shares of the tokens
 
 
 @settings(max_examples=30, deadline=None)
