@@ -40,6 +40,12 @@ def _check_config(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _unwritable(exc: OSError, out: str, fix: str) -> int:
+    """The lab's message for a file it could not write (the file, the reason, the fix); exit status 2."""
+    print(f"mismatch-ctrl lab: {exc.filename or out}: {exc.strerror or exc}; {fix}", file=sys.stderr)
+    return 2
+
+
 def _lab(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -65,9 +71,7 @@ def _lab(ns: argparse.Namespace) -> int:
             print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
-            print(f"mismatch-ctrl lab: {exc.filename or ns.out}: {exc.strerror or exc}; free space or make --out "
-                  "writable", file=sys.stderr)
-            return 2
+            return _unwritable(exc, ns.out, "free space or make --out writable")
         print(f"{summary_table(result.summaries)}\n\nreport: {result.report}")
         return 0
     o = resolve(ns)
@@ -96,9 +100,7 @@ def _lab(ns: argparse.Namespace) -> int:
               "continue", file=sys.stderr)
         return 130
     except OSError as exc:
-        print(f"mismatch-ctrl lab: {exc.filename or ns.out}: {exc.strerror or exc}; free space or choose a writable "
-              "--out / --cache-dir", file=sys.stderr)
-        return 2
+        return _unwritable(exc, ns.out, "free space or choose a writable --out / --cache-dir")
     print(f"\n{summary_table(result.summaries)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
     return 0
 
