@@ -12,6 +12,8 @@ seed). The exact-engine reference is ``grpo@none`` (else the line's own ``@none`
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,25 @@ def x_positions(doses: dict[str, Spread]) -> tuple[dict[str, float], bool]:
     return {dose: min(others) / 10 if dose in low else v for dose, v in x.items()}, True
 
 
+def dose_ticks(x: dict[str, float], names: dict[str, str], span: float = 0.05) -> list[tuple[float, str]]:
+    """The top axis's ticks: doses whose log-x lies within ``span`` of the axis's log width of the previous one are
+    one tick at their geometric mean, named ``a / b``, so close doses (e.g. e4m3, int4 and temp1.3 at the same
+    ``C_bar``) never print over each other. ``names`` is each dose's label; a linear axis (an x <= 0) is not joined."""
+    order = sorted(x, key=x.get)
+    if not order or min(x.values()) <= 0:
+        return [(x[dose], names[dose]) for dose in order]
+    logs = {dose: math.log10(x[dose]) for dose in order}
+    width = max(logs[order[-1]] - logs[order[0]], 1e-12)
+    groups = [[order[0]]]
+    for dose in order[1:]:
+        if (logs[dose] - logs[groups[-1][-1]]) / width < span:
+            groups[-1].append(dose)
+        else:
+            groups.append([dose])
+    return [(x[group[0]] if len(group) == 1 else 10 ** (sum(logs[d] for d in group) / len(group)),
+             " / ".join(names[d] for d in group)) for group in groups]
+
+
 def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
     """``frontier.png``: per ``GAPS`` quantity the paired gap against the exact engine (mean, 95% t interval as an
     error bar) against the dose's measured mismatch on a log axis, one line per method, and the collapse rate; the
@@ -153,8 +174,8 @@ def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
     ax.set_title("share of seeds that collapsed", fontsize=9)
     ax.set_ylabel("collapse rate")
     seeds = sorted({p["seeds"] for p in found["points"]})
-    names = [f"{dose}\n({found['doses'][dose].mean:.1e})" if broken and x[dose] != found["doses"][dose].mean
-             else dose for dose in x]
+    ticks = dose_ticks(x, {dose: f"{dose}\n({found['doses'][dose].mean:.1e})"
+                           if broken and x[dose] != found["doses"][dose].mean else dose for dose in x})
     log = min(x.values()) > 0  # every engine measured at 0 (a degenerate lab): a linear axis
     for ax in axes:
         ax.set_xscale("log" if log else "linear")
@@ -165,7 +186,7 @@ def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
             ax.text(min(x.values()) * 2.2, 0.0, "//", transform=ax.get_xaxis_transform(), ha="center",
                     va="center", fontsize=12, clip_on=False, bbox={"color": "white", "pad": 0})
         top = ax.secondary_xaxis("top")
-        top.set_xticks(list(x.values()), names, fontsize=8, rotation=30)
+        top.set_xticks([at for at, _ in ticks], [name for _, name in ticks], fontsize=8, rotation=30, ha="left")
         top.minorticks_off()
     exact_handles = [h for h, label in zip(*axes[0].get_legend_handles_labels()) if label.startswith("exact")]
     handles, labels = axes[-1].get_legend_handles_labels()

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from mismatch_ctrl.lab.frontier import EXACT, dose_mismatch, frontier, versus_grpo, write_frontier_plot, x_positions
+from mismatch_ctrl.lab.frontier import (EXACT, dose_mismatch, dose_ticks, frontier, versus_grpo, write_frontier_plot,
+                                       x_positions)
 from mismatch_ctrl.lab.report import aggregate_runs, controller_row, write_report
 
 
@@ -221,3 +222,16 @@ def test_frontier_plot_of_engines_without_measured_mismatch(tmp_path):
     found = frontier(aggregate_runs(rows))
     assert [p["gaps"]["late_reward"].mean for p in found["points"] if p["reference"]] == [0.0]
     assert write_frontier_plot(found, tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_close_doses_share_one_tick_on_the_top_axis():
+    x = {EXACT: 1e-4, "e4m3": 0.011, "int4": 0.0115, "temp1.3": 0.012, "nvfp4": 0.046}
+    names = {dose: dose.upper() for dose in x}
+    ticks = dose_ticks(x, names)
+    joined = (0.011 * 0.0115 * 0.012) ** (1 / 3)
+    assert [name for _, name in ticks] == ["NONE", "E4M3 / INT4 / TEMP1.3", "NVFP4"]
+    assert [at for at, _ in ticks] == pytest.approx([1e-4, joined, 0.046])
+    apart = {"e4m3": 0.01, "e5m2": 0.03, "nvfp4": 0.1}
+    assert dose_ticks(apart, {d: d for d in apart}) == [(0.01, "e4m3"), (0.03, "e5m2"), (0.1, "nvfp4")]
+    linear = {"a": 0.0, "b": 0.0}  # a degenerate lab: every engine at 0, a linear axis
+    assert dose_ticks(linear, {d: d for d in linear}) == [(0.0, "a"), (0.0, "b")]
