@@ -8,9 +8,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .lab.methods import RunSpec
+    from .lab.trainer import LabSettings
 
 
 def _check_config(ns: argparse.Namespace) -> int:
@@ -46,16 +50,34 @@ def _unwritable(exc: OSError, out: str, fix: str) -> int:
     return 2
 
 
+def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[int, ...]]:
+    """What ``lab`` would train, from its parsed options (preset and defaults resolved): the ``RunSpec`` of every
+    run, the ``LabSettings`` (of the first seed) and the seeds. ValueError or ConfigError naming the option."""
+    from .lab.methods import RunSpec
+    from .lab.options import resolve
+    from .lab.policy import POLICY_KINDS
+    from .lab.trainer import LabSettings
+
+    o = resolve(ns)
+    experts = POLICY_KINDS[o["policy"]].get("n_experts", 0)
+    try:
+        runs = RunSpec.expand(o["methods"].split(","), o["quant"].split(","), experts)
+    except (ValueError, ConfigError) as exc:
+        raise ValueError(f"--methods: {exc}") from None
+    settings = LabSettings(task=o["task"], policy=o["policy"], steps=o["steps"], lr=o["lr"], seed=o["seeds"][0],
+                           eval_every=o["eval_every"], prompts_per_step=o["prompts"], samples_per_prompt=o["samples"],
+                           optimizer_steps=o["num_steps_per_rollout"], dump_details=ns.dump_details,
+                           device=ns.device)
+    return runs, settings, o["seeds"]
+
+
 def _lab(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .lab.methods import RunSpec
-    from .lab.options import LAB_DEFAULTS, resolve
-    from .lab.policy import POLICY_KINDS
     from .lab.executors import LocalExecutor, RayExecutor
+    from .lab.options import LAB_DEFAULTS
     from .lab.run import SweepInterrupted, rewrite_report, run_lab, summary_table
     from .lab.sweep import SweepError
-    from .lab.trainer import LabSettings
 
     if ns.report_only:
         training = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS)
@@ -74,24 +96,15 @@ def _lab(ns: argparse.Namespace) -> int:
             return _unwritable(exc, ns.out, "free space or make --out writable")
         print(f"{summary_table(result.summaries)}\n\nreport: {result.report}")
         return 0
-    o = resolve(ns)
     try:
-        experts = POLICY_KINDS[o["policy"]].get("n_experts", 0)
-        try:
-            runs = RunSpec.expand(o["methods"].split(","), o["quant"].split(","), experts)
-        except (ValueError, ConfigError) as exc:
-            raise ValueError(f"--methods: {exc}") from None
-        settings = LabSettings(task=o["task"], policy=o["policy"], steps=o["steps"], lr=o["lr"],
-                               seed=o["seeds"][0], eval_every=o["eval_every"], prompts_per_step=o["prompts"],
-                               samples_per_prompt=o["samples"], optimizer_steps=o["num_steps_per_rollout"],
-                               dump_details=ns.dump_details, device=ns.device)
+        runs, settings, seeds = lab_plan(ns)
     except (ValueError, ConfigError) as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 2
     executor = RayExecutor(ns.ray_address) if ns.ray_address else LocalExecutor(ns.jobs)
     try:
         result = run_lab(runs, settings, Path(ns.out), command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
-                         cache_dir=ns.cache_dir, seeds=o["seeds"], executor=executor)
+                         cache_dir=ns.cache_dir, seeds=seeds, executor=executor)
     except SweepError as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 130 if isinstance(exc, SweepInterrupted) else 2
