@@ -250,8 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--seeds", type=options.seed_list,
                      help="comma list of seeds; each seeds a warm-up and one run of every method, and the report "
                           f"gives mean and 95%% interval over them (default: {','.join(map(str, d['seeds']))})")
-    lab.add_argument("--prompts", type=options.positive_int, help=f"prompts per rollout (default: {d['prompts']})")
-    lab.add_argument("--samples", type=options.group_size, help=f"samples per prompt (default: {d['samples']})")
+    lab.add_argument("--prompts", type=options.prompt_count,
+                     help=f"prompts per rollout, at most {options.MAX_PROMPTS} (default: {d['prompts']})")
+    lab.add_argument("--samples", type=options.group_size,
+                     help=f"samples per prompt, 2 to {options.MAX_SAMPLES} (default: {d['samples']})")
     lab.add_argument("--eval-every", type=options.positive_int,
                      help=f"rollouts between held-out evaluations (default: {d['eval_every']})")
     lab.add_argument("--jobs", type=options.positive_int, default=default_jobs(),

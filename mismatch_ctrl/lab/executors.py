@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import socket
@@ -43,12 +44,12 @@ def train_task(task: RunTask, sink: Any) -> RunOutput:
     ``sink.put(event)``. The same function runs in this process, a pool worker and a Ray task."""
     torch.set_num_threads(1)
     key = task.key
-    sink.put(("start", key))
-    state = torch.load(io.BytesIO(task.policy_bytes), weights_only=True)
+    sink.put(("start", key, os.getpid()))
     handler = _Forward(lambda text: sink.put(("warn", key, text)))
     logger = logging.getLogger("mismatch_ctrl")
     logger.addHandler(handler)
     try:
+        state = torch.load(io.BytesIO(task.policy_bytes), weights_only=True)
         with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="mismatch-ctrl-run-") as scratch:
             warnings.simplefilter("default")
             warnings.showwarning = lambda message, category, *_: sink.put(("warn", key, f"{category.__name__}: "
@@ -56,9 +57,23 @@ def train_task(task: RunTask, sink: Any) -> RunOutput:
             folder = Path(scratch) / "run"
             summary = Trainer(task.spec, task.settings, state, folder).run(lambda n: sink.put(("step", key, n)))
             files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    except Exception as exc:
+        raise RunFailed.of(task, exc) from None
     finally:
         logger.removeHandler(handler)
     return summary, files
+
+
+class RunFailed(SweepError):
+    """A run that raised while training (e.g. out of memory): named by run and seed with the error's first line, as
+    one picklable message (it crosses process and Ray boundaries); the sweep stops, finished runs are kept."""
+
+    @classmethod
+    def of(cls, task: RunTask, exc: BaseException) -> RunFailed:
+        label, seed = task.key
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return cls(f"run {label} seed {seed} failed: {type(exc).__name__}: {clip(first, 240)}; the runs finished "
+                   "before it are kept (too large for this machine's memory? lower --prompts / --samples)")
 
 
 class Executor(Protocol):
@@ -77,10 +92,12 @@ class _Direct:
 
 
 class LocalExecutor:
-    """``jobs`` runs at a time: in this process when ``jobs`` is 1, else in spawned processes (one thread each)."""
+    """``jobs`` runs at a time: in this process when ``jobs`` is 1, else in spawned processes (one thread each).
+    ``target`` trains one task (``train_task``; a test may give another module-level function)."""
 
-    def __init__(self, jobs: int = 1) -> None:
+    def __init__(self, jobs: int = 1, target: Callable[[RunTask, Any], RunOutput] = train_task) -> None:
         self.jobs = jobs
+        self.target = target
 
     def connect(self) -> None:
         """Nothing to reach: the processes start with the sweep."""
@@ -89,25 +106,50 @@ class LocalExecutor:
         if self.jobs == 1 or len(tasks) <= 1:
             sink = _Direct(on_event)
             for task in tasks:
-                on_result(task, train_task(task, sink))
+                on_result(task, self.target(task, sink))
             return
         context = multiprocessing.get_context("spawn")
+        workers: dict[tuple[str, int], int] = {}  # run key -> pid of the worker training it
+
+        def event(item: tuple[Any, ...]) -> None:
+            if item[0] == "start":
+                workers[item[1]] = item[2]
+            on_event(item)
+
         with context.Manager() as manager:
             events = manager.Queue()
             pool = context.Pool(min(self.jobs, len(tasks)), initializer=_ignore_sigint)
             try:
-                pending = {i: pool.apply_async(train_task, (task, events)) for i, task in enumerate(tasks)}
+                pending = {task.key: (task, pool.apply_async(self.target, (task, events))) for task in tasks}
                 while pending:
-                    _drain(events, on_event)
-                    for i in [i for i, result in pending.items() if result.ready()]:
-                        on_result(tasks[i], pending.pop(i).get())
+                    _drain(events, event)
+                    for key in [key for key, (_, result) in pending.items() if result.ready()]:
+                        task, result = pending.pop(key)
+                        workers.pop(key, None)
+                        on_result(task, result.get())
+                    for key, pid in workers.items():
+                        if key in pending and not pending[key][1].ready() and not _alive(pid):
+                            raise RunFailed(f"run {key[0]} seed {key[1]}: its worker process (pid {pid}) died "
+                                            "without a result, killed by the system (out of memory?); the runs "
+                                            "finished before it are kept (lower --prompts / --samples / --jobs)")
                     if pending:
-                        next(iter(pending.values())).wait(0.2)
-                _drain(events, on_event)
+                        next(iter(pending.values()))[1].wait(0.2)
+                _drain(events, event)
                 pool.close()
             finally:
                 pool.terminate()
                 pool.join()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (the pool reaps a dead worker within ~0.1 s)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _ignore_sigint() -> None:
@@ -179,7 +221,14 @@ class RayExecutor:
                 for event in events.get_nowait_batch(events.qsize()):
                     on_event(event)
                 for ref in done:
-                    on_result(refs.pop(ref), ray.get(ref))
+                    task = refs.pop(ref)
+                    try:
+                        output = ray.get(ref)
+                    except SweepError:
+                        raise
+                    except Exception as exc:  # the task's worker died: Ray's WorkerCrashedError, OutOfMemoryError
+                        raise RunFailed.of(task, exc) from None
+                    on_result(task, output)
             for event in events.get_nowait_batch(events.qsize()):
                 on_event(event)
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -74,7 +75,10 @@ def method_section(name: str) -> dict[str, Any]:
     except OSError:  # e.g. a name too long for a file name
         known = False
     if not known:
-        raise ValueError(f"unknown lab method {clip(name, 60)!r}; choose from {', '.join(method_names())}")
+        stem = Path(name).name.removesuffix(".yaml").removesuffix(".yml")
+        hint = f" (a method is named without folder and .yaml: {stem})" if stem != name and stem in method_names() \
+            else ""
+        raise ValueError(f"unknown lab method {clip(name, 60)!r}{hint}; choose from {', '.join(method_names())}")
     section = yaml.safe_load(path.read_text())[ROOT_KEY]
     section = merge_sections(merge_sections(section, LAB_ADJUSTMENTS), extra)
     section["name"] = name

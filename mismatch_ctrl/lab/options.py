@@ -73,12 +73,25 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_PROMPTS, MAX_SAMPLES = 4096, 256
+"""Bounds of ``--prompts`` and ``--samples``: far beyond what a tiny policy needs, short of allocations that cannot
+succeed (a rollout's KV cache is ``prompts x samples x length x width``)."""
+
+
+def prompt_count(text: str) -> int:
+    """An integer from 1 to :data:`MAX_PROMPTS`."""
+    value = positive_int(text)
+    if value > MAX_PROMPTS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_PROMPTS} prompts per rollout, got {value}")
+    return value
+
+
 def group_size(text: str) -> int:
     """An integer >= 2 (GRPO normalises rewards within a prompt's samples)."""
     value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError("expected >= 2 samples per prompt (GRPO normalises rewards within a "
-                                         f"prompt's samples), got {value}")
+    if not 2 <= value <= MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"expected 2 to {MAX_SAMPLES} samples per prompt (GRPO normalises rewards "
+                                         f"within a prompt's samples), got {value}")
     return value
 
 

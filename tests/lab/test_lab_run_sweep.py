@@ -16,6 +16,7 @@ from sweep_helpers import TINY_WARMUP, lab_command, start_lab
 
 from mismatch_ctrl import cli
 from mismatch_ctrl.lab import run as lab_run
+from mismatch_ctrl.lab.executors import LocalExecutor, RunFailed
 from mismatch_ctrl.lab.methods import RunSpec
 from mismatch_ctrl.lab.progress import SweepProgress
 from mismatch_ctrl.lab.run import rewrite_report, run_lab, summary_table
@@ -366,10 +367,33 @@ def test_a_run_reports_start_steps_and_its_warnings_as_events_and_returns_its_fi
     task = RunTask(RunSpec("dcgrpo_tight_guard", "e5m2"), LabSettings(**{**TINY, "steps": 5}), buffer.getvalue())
     summary, files = train_task(task, events)
     key = ("dcgrpo_tight_guard@e5m2", 0)
-    assert events[0] == ("start", key)
+    assert events[0] == ("start", key, os.getpid())
     assert [e for e in events if e[0] == "step"] == [("step", key, 1)] * 5
     warned = [e[2] for e in events if e[0] == "warn"]
     assert all(e[1] == key for e in events)
     assert len(warned) == 1 and "below the rollout engine's discrepancy floor" in warned[0]
     assert {"run.json", "metrics.jsonl"} <= set(files) and any(name.startswith("state/") for name in files)
     assert len(files["metrics.jsonl"].decode().splitlines()) == 5 and summary["label"] == key[0]
+
+
+def tiny_tasks(seeds: tuple[int, ...], policy_bytes: bytes = b"not a torch.save payload") -> list[RunTask]:
+    return [RunTask(RunSpec("grpo", "e4m3"), LabSettings(**{**TINY, "seed": seed}), policy_bytes) for seed in seeds]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_that_raises_is_named_with_its_error_not_a_traceback(jobs):
+    finished = []
+    with pytest.raises(RunFailed, match=r"run grpo@e4m3 seed 0 failed: \w+Error: .*runs finished before it are kept"):
+        LocalExecutor(jobs).run(tiny_tasks((0, 1)), lambda event: None, lambda task, out: finished.append(task))
+    assert finished == []
+
+
+def test_a_worker_killed_by_the_system_stops_the_sweep_with_the_run_named_instead_of_hanging():
+    from sweep_helpers import killed_by_the_system
+
+    finished, started = [], time.monotonic()
+    with pytest.raises(RunFailed, match=r"run grpo@e4m3 seed 1: its worker process \(pid \d+\) died without a "
+                                        r"result, killed by the system \(out of memory\?\)"):
+        LocalExecutor(2, target=killed_by_the_system).run(tiny_tasks((0, 1)), lambda event: None,
+                                                         lambda task, out: finished.append(task.key))
+    assert set(finished) <= {("grpo@e4m3", 0)} and time.monotonic() - started < 60  # seed 0 may not be back yet
