@@ -26,8 +26,11 @@ EXACT = "none"
 MISMATCH_KEY = "discrepancy_first"
 MISMATCH_NAME = "early C_bar (mean |p_train - p_rollout|, first quarter of the rollouts)"
 
-GAPS = (("late_acc_engine", "late engine accuracy"), ("late_reward", "late reward"))
-"""Quantities of the frontier: gap of each run against the exact engine."""
+GAPS = (("late_acc_engine", "late engine accuracy"), ("late_acc_fp32", "late fp32 accuracy"),
+        ("late_reward", "late reward"))
+"""Quantities of the frontier: gap of each run against the exact engine. The engine accuracy is what a coarse engine
+serves (its own inference error included: it is lower from the first rollout); the fp32 accuracy is the trained
+policy's, evaluated exactly: what the mismatch did to training."""
 
 VERSUS = GAPS + (("discrepancy_last", "late discrepancy"),)
 """Quantities of the controller-vs-GRPO table."""

@@ -52,7 +52,8 @@ def reference_gap(a: dict, b: dict) -> tuple | None:
 def row(label, seed, acc, reward, early, replay=False, collapse=None):
     method, _, quant = label.removesuffix("+r3").partition("@")
     return {"label": label, "method": method, "quant": quant, "replay": replay, "seed": seed,
-            "late_acc_engine": acc, "late_reward": reward, "discrepancy_first": early, "discrepancy_last": 2 * early,
+            "late_acc_engine": acc, "late_acc_fp32": (acc + reward) / 2 + 0.01 * seed, "late_reward": reward,
+            "discrepancy_first": early, "discrepancy_last": 2 * early,
             "seconds_per_step": 0.1, "collapse_step": collapse, "initial_acc_engine": 0.5}
 
 
@@ -113,14 +114,14 @@ def test_frontier_and_versus_grpo_against_a_loop_on_random_labs(trial):
             continue
         assert p["reference"] == "grpo@none"
         assert p["paired_seeds"] == sorted(set(seeds_of[label]) & set(seeds_of["grpo@none"]))
-        for key in ("late_acc_engine", "late_reward"):
+        for key in ("late_acc_engine", "late_acc_fp32", "late_reward"):
             check_spread(p["gaps"][key], reference_gap(values(label, key), values("grpo@none", key)))
     versus = {(c["run"], c["quantity"]): c for c in versus_grpo(aggregated)}
     assert {run for run, _ in versus} <= {"dcgrpo@e4m3", "token_tis@weird-dose", "dcgrpo@nvfp4", "grpo@nvfp4+r3",
                                           "dcgrpo@none"}
     for run, base in (("dcgrpo@e4m3", "grpo@e4m3"), ("token_tis@weird-dose", "grpo@weird-dose"),
                       ("grpo@nvfp4+r3", "grpo@nvfp4"), ("dcgrpo@none", "grpo@none")):
-        for key in ("late_acc_engine", "late_reward", "discrepancy_last"):
+        for key in ("late_acc_engine", "late_acc_fp32", "late_reward", "discrepancy_last"):
             want = reference_gap(values(run, key), values(base, key))
             check_spread(versus[(run, key)]["difference"] if (run, key) in versus else None, want)
             if want is not None:
