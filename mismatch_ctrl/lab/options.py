@@ -29,6 +29,8 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
                      "methods": "grpo@none,grpo,grpo+r3,dcgrpo"},
     "frontier": {"methods": "grpo@none,grpo,token_tis,icepop,geo_rs_e4m3,grpo+r3,dcgrpo,length_decay",
                  "quant": "temp1.003,e4m3,e5m2,int4,nvfp4,temp1.3", "steps": 120, "seeds": (0, 1, 2, 3, 4)},
+    "offpolicy": {"methods": "grpo@none,grpo,grpo+r3,token_tis", "quant": "e4m3,nvfp4", "steps": 120,
+                  "num_steps_per_rollout": 4, "seeds": tuple(range(10))},
     "gpu-moe": {"policy": "moe-large", "quant": "none,e4m3,nvfp4", "seeds": (0, 1, 2, 3, 4),
                 "methods": "grpo,grpo+r3,token_tis,dcgrpo"},
 }
@@ -46,6 +48,11 @@ cores from measured per-rollout times, not from a full run: the demo trains 1,20
 (``make demo``'s 2 min 47 s less ~1 min of setup), ~0.17 core-seconds per rollout with its evaluations; the FP4
 engines cost ~1.4x an e4m3 rollout (``benchmarks/lab_rollouts.py``; 0.59 vs 0.42 s in a 4-rollout run); so ~0.2
 core-s x 25,800 rollouts / 2 cores = ~43 min, plus 5 warm-ups (~1 min); a machine under load takes longer.
+
+``offpolicy``: off-policy updates, K = 4 optimizer steps per rollout (steps 2-4 train on a rollout the policy has
+moved away from), GRPO with and without R3 and token TIS on the e4m3 and NVFP4 engines and the exact engine, 10
+seeds (70 runs, ~25 min on 2 cores); rerun with ``--num-steps-per-rollout 1`` into another ``--out`` for the
+on-policy baseline and compare the two with ``benchmarks/lab_interaction.py``.
 
 ``gpu-moe``: for a GPU machine (``--device auto`` picks it): the 5.3M-parameter ``moe-large`` policy, GRPO with and
 without R3, token TIS and DC-GRPO on the exact, e4m3 and nvfp4 engines, 5 seeds. Not run here (no GPU); its warm-up
