@@ -43,11 +43,9 @@ engine, 5 seeds (~2 s per rollout: about 45 minutes on 2 cores, warm-ups include
 ``frontier``: the dose-response frontier on the add task: the exact engine (``grpo@none``) and 7 methods (GRPO, token
 TIS, IcePop, Geo-RS, GRPO + R3, DC-GRPO, length decay) on 6 engines ordered by measured mismatch (``temp1.003``,
 ``e4m3``, ``e5m2``, ``int4``, ``nvfp4``, ``temp1.3``; on the warmed-up MoE, 4 rollouts: ``C_bar`` from ~6e-4 to
-~0.05, ``k3_kl`` over ~4 decades), 5 seeds: 43 runs per seed, 215 runs of 120 rollouts. Sized for <= 60 min on 2
-cores from measured per-rollout times, not from a full run: the demo trains 1,200 rollouts in ~105 s on 2 cores
-(``make demo``'s 2 min 47 s less ~1 min of setup), ~0.17 core-seconds per rollout with its evaluations; the FP4
-engines cost ~1.4x an e4m3 rollout (``benchmarks/lab_rollouts.py``; 0.59 vs 0.42 s in a 4-rollout run); so ~0.2
-core-s x 25,800 rollouts / 2 cores = ~43 min, plus 5 warm-ups (~1 min); a machine under load takes longer.
+~0.05, ``k3_kl`` over ~4 decades), 5 seeds: 43 runs per seed, 215 runs of 120 rollouts. A full run took 37 min on
+2 cores (sized from per-rollout times: ~0.2 core-s per rollout with its evaluations, the FP4 engines ~1.4x an e4m3
+rollout, ``benchmarks/lab_rollouts.py``); a machine under load takes longer.
 
 ``offpolicy``: off-policy updates, K = 4 optimizer steps per rollout (steps 2-4 train on a rollout the policy has
 moved away from), GRPO with and without R3 and token TIS on the e4m3 and NVFP4 engines and the exact engine, 10
