@@ -72,8 +72,10 @@ class RunFailed(SweepError):
     def of(cls, task: RunTask, exc: BaseException) -> RunFailed:
         label, seed = task.key
         first = (str(exc).strip().splitlines() or [""])[0]
+        memory = isinstance(exc, MemoryError) or "allocate" in first.lower() or "out of memory" in first.lower()
         return cls(f"run {label} seed {seed} failed: {type(exc).__name__}: {clip(first, 240)}; the runs finished "
-                   "before it are kept (too large for this machine's memory? lower --prompts / --samples)")
+                   "before it are kept" + (" (too large for this machine's memory: lower --prompts / --samples)"
+                                           if memory else ""))
 
 
 class Executor(Protocol):
@@ -147,8 +149,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, owned by another user
+        pass
     return True
 
 

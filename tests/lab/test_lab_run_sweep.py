@@ -383,9 +383,12 @@ def tiny_tasks(seeds: tuple[int, ...], policy_bytes: bytes = b"not a torch.save 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_run_that_raises_is_named_with_its_error_not_a_traceback(jobs):
     finished = []
-    with pytest.raises(RunFailed, match=r"run grpo@e4m3 seed 0 failed: \w+Error: .*runs finished before it are kept"):
+    with pytest.raises(RunFailed, match=r"run grpo@e4m3 seed 0 failed: \w+Error: .*runs finished before it are kept$"):
         LocalExecutor(jobs).run(tiny_tasks((0, 1)), lambda event: None, lambda task, out: finished.append(task))
     assert finished == []
+    memory = RunFailed.of(tiny_tasks((3,))[0], RuntimeError("DefaultCPUAllocator: can't allocate memory: 5 GB"))
+    assert str(memory).startswith("run grpo@e4m3 seed 3 failed: RuntimeError: DefaultCPUAllocator") and \
+        str(memory).endswith("(too large for this machine's memory: lower --prompts / --samples)")
 
 
 def test_a_worker_killed_by_the_system_stops_the_sweep_with_the_run_named_instead_of_hanging():
