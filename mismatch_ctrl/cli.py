@@ -72,8 +72,6 @@ def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[
 
 
 def _lab(ns: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .lab.executors import LocalExecutor, RayExecutor
     from .lab.options import LAB_DEFAULTS
     from .lab.run import SweepInterrupted, rewrite_report, run_lab, summary_table
