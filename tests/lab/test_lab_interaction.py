@@ -56,3 +56,17 @@ def test_directories_without_common_runs_or_rows_are_clear_errors(tmp_path, caps
     (b / "summary.json").write_text(json.dumps({"versus_grpo": [], "aggregate": {}}))
     with pytest.raises(SystemExit, match="per-run rows"):
         lab_interaction.main([str(a), str(b)])
+
+
+def test_pairs_of_directories_with_other_seeds_are_pooled(tmp_path, capsys):
+    k1 = write(tmp_path / "k1", {"grpo@nvfp4": {0: 0.5, 1: 0.6}, "grpo@nvfp4+r3": {0: 0.55, 1: 0.58}})
+    k4 = write(tmp_path / "k4", {"grpo@nvfp4": {0: 0.4, 1: 0.5}, "grpo@nvfp4+r3": {0: 0.6, 1: 0.52}})
+    k1b = write(tmp_path / "k1b", {"grpo@nvfp4": {7: 0.7}, "grpo@nvfp4+r3": {7: 0.8}})
+    k4b = write(tmp_path / "k4b", {"grpo@nvfp4": {7: 0.3}, "grpo@nvfp4+r3": {7: 0.35}})
+    assert lab_interaction.main([str(k1), str(k4), str(k1b), str(k4b)]) == 0
+    r3 = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("grpo@nvfp4+r3"))
+    gain_a, gain_b = [0.05, -0.02, 0.1], [0.2, 0.02, 0.05]
+    assert r3.split()[1] == "3" and interval(gain_a) in r3 and interval(gain_b) in r3
+    assert interval([b - a for a, b in zip(gain_a, gain_b)]) in r3
+    with pytest.raises(SystemExit):
+        lab_interaction.main([str(k1), str(k4), str(k1b)])
