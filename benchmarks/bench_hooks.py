@@ -3,8 +3,7 @@
 - **ops**: aten operations dispatched by one call (counted with a ``TorchDispatchMode``; on a GPU each is about one
   kernel launch, which is what a hook costs at slime's micro-batch sizes). Counted for 8, 64 and 256 sequences: a
   vectorised hook dispatches the same number for all three. Then by token count (20k, 300k, 2M tokens): on a CPU
-  a batch past 32 MiB of columns goes in 4 MB chunks, each with its own ops; as on a GPU (one chunk) the count stays
-  the same.
+  the columns go in 4 MB chunks, each with its own ops; as on a GPU (one chunk) the count stays the same.
 - **collectives**: ``torch.distributed`` calls made by one call on every rank of a real gloo world of 4 processes,
   data-parallel 2 x context-parallel 2 (megatron-core's ``parallel_state``), counted by wrapping the collectives.
 - **time**: CPU time of one call on ~2M tokens (256 responses of 1k-16k tokens, one thread: a whole rollout for
@@ -231,8 +230,8 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 
 def time_chunks(seed: int, repeats: int) -> None:
-    """CPU time of the TIS hook's statistics in one chunk and in 4 MB chunks (what ``seqstats.CHUNK_ABOVE_BYTES``
-    decides between), below and above glibc's 32 MiB mmap threshold."""
+    """CPU time of the TIS hook's statistics in one chunk and in 4 MB chunks (``seqstats.CHUNK_BYTES``, a CPU's
+    default), below and above glibc's 32 MiB mmap threshold."""
     columns = METRIC_COLUMNS | TOKEN_COLUMNS | correction_columns(PRESETS["geo_rs_token_tis"])
     rows = len({"trained", *columns.sums, *columns.maxima, *columns.tokens})
     print(f"\nCPU time of the TIS hook's statistics ({rows} columns, SeqStats.build), one chunk vs 4 MB chunks, glibc "
@@ -294,8 +293,8 @@ def main() -> None:
         for site, (low, high) in sorted(growing.items()):
             print(f"    changes with N: {site} ({low} -> {high} ops)")
 
-    print("\naten ops dispatched per call by token count, 64 responses: on a CPU (4 MB chunks past 32 MiB of columns) "
-          "and as on a GPU (one chunk: any device type outside seqstats.CHUNKED_DEVICES)")
+    print("\naten ops dispatched per call by token count, 64 responses: on a CPU (4 MB chunks) and as on a GPU (one "
+          "chunk: any device type outside seqstats.CHUNKED_DEVICES)")
     print(f"{'tokens':>8s}{'':>4s}{'advantage hook':>16s}{'TIS hook':>10s}")
     by_tokens: dict[str, list[int]] = {}
     for where, devices in (("CPU", seqstats.CHUNKED_DEVICES), ("GPU", frozenset())):

@@ -18,8 +18,8 @@ bandwidth, are what a hook costs at slime's micro-batch sizes) and a fixed numbe
 number of sequences and, on a GPU, of tokens. The table itself is small (``N x K`` numbers), so it is copied to the
 host once and everything per sequence or per batch is numpy arithmetic there, which launches no kernels; the device
 sees per-sequence values again only where tokens need them (:meth:`~mismatch_ctrl.batch.Segments.expand`). On a CPU
-the price of millions of tokens per call is memory, so there big batches go in cache-sized chunks
-(:data:`CHUNK_ABOVE_BYTES`, :data:`CHUNKED_DEVICES`).
+the price of millions of tokens per call is memory, so there the tokens go in cache-sized chunks
+(:data:`CHUNK_BYTES`, :data:`CHUNKED_DEVICES`).
 """
 
 from __future__ import annotations
@@ -97,31 +97,28 @@ class Columns:
 
 
 CHUNK_BYTES = 4 << 20
-"""On a CPU, a ``[K, T]`` buffer larger than :data:`CHUNK_ABOVE_BYTES` is written and reduced in chunks of tokens
-whose buffer takes at most this many bytes: the tokens go through one buffer that stays in cache; per chunk the
-columns are written and reduced to block sums and maxima plus the few edge tokens, per sequence once after the last
-chunk; only the ``keep`` columns are written out at full length. Each chunk costs its own operations."""
-
-CHUNK_ABOVE_BYTES = 32 << 20
-"""The largest buffer a CPU call writes in one chunk. glibc maps an allocation above its mmap threshold fresh on every
-call (the threshold adapts up to 32 MiB on 64-bit), and the page faults then cost more than the arithmetic; below it
-the buffer comes from the heap and one pass per column is as fast or faster than chunks. Measured with
-``benchmarks/bench_hooks.py`` (the TIS hook's 14 columns, one thread: one chunk ~1.2x faster at 190k tokens, 4 MB
-chunks ~2.4x faster at 1.9M tokens)."""
+"""On a CPU, columns are written and reduced in chunks of tokens whose ``[K, chunk]`` buffer takes at most this many
+bytes: the tokens go through one buffer that stays in cache; per chunk the columns are written and reduced to block
+sums and maxima plus the few edge tokens, per sequence once after the last chunk; only the ``keep`` columns are
+written out at full length. One ``[K, T]`` buffer of millions of tokens makes every pass a trip to memory, and glibc
+maps such an allocation fresh on every call, whose page faults then cost more than the arithmetic
+(``benchmarks/bench_core.py`` at 2.1M tokens: (a) 28 ms with chunks against 41 ms with one buffer below 32 MiB;
+``benchmarks/bench_hooks.py``: the TIS hook's statistics 2.4x faster at 1.9M tokens, the same at 190k). Each chunk
+costs its own operations, so on a CPU the count grows with the tokens past one chunk."""
 
 CHUNKED_DEVICES = frozenset({"cpu"})
-"""Device types whose big batches are chunked. Elsewhere (a GPU) a call is one chunk whatever its size: a kernel
-launch costs more than the bandwidth chunks would save, and the caching allocator reuses the buffer, so the number
-of operations stays independent of the tokens."""
+"""Device types whose batches are chunked. Elsewhere (a GPU) a call is one chunk whatever its size: a kernel launch
+costs more than the bandwidth chunks would save, and the caching allocator reuses the buffer, so the number of
+operations stays independent of the tokens."""
 
 
 def default_chunk_tokens(device: torch.device, total: int, rows: int, element_size: int) -> int:
-    """Tokens per chunk of a ``rows x total`` buffer: on :data:`CHUNKED_DEVICES`, above :data:`CHUNK_ABOVE_BYTES`,
-    the fewest chunks within :data:`CHUNK_BYTES`, of about equal size; otherwise one chunk of all ``total`` tokens."""
-    if device.type not in CHUNKED_DEVICES or total * rows * element_size <= CHUNK_ABOVE_BYTES:
+    """Tokens per chunk of a ``rows x total`` buffer: on :data:`CHUNKED_DEVICES` the fewest chunks within
+    :data:`CHUNK_BYTES`, of about equal size; elsewhere one chunk of all ``total`` tokens."""
+    if device.type not in CHUNKED_DEVICES:
         return max(total, 1)
     most = max(CHUNK_BYTES // (rows * element_size) // BLOCK, 1) * BLOCK
-    return -(-total // -(-total // most))
+    return -(-total // -(-total // most)) if total > most else most
 
 
 class SeqStats:

@@ -19,7 +19,7 @@ from mismatch_ctrl.dist import local_gather
 from mismatch_ctrl.metrics import METRIC_COLUMNS, TOKEN_COLUMNS, broadcast_means, mismatch_metrics, token_shaped
 from mismatch_ctrl.presets import PRESETS
 from mismatch_ctrl import seqstats
-from mismatch_ctrl.seqstats import (CHUNK_ABOVE_BYTES, CHUNK_BYTES, BatchTotals, Columns, SeqStats,
+from mismatch_ctrl.seqstats import (CHUNK_BYTES, BatchTotals, Columns, SeqStats,
                                    default_chunk_tokens, reduce_batch)
 
 from .inputs import random_batch
@@ -138,26 +138,26 @@ def test_the_number_of_tensor_operations_does_not_depend_on_the_number_of_sequen
 
 
 def test_off_cpu_the_number_of_tensor_operations_does_not_depend_on_the_number_of_tokens(monkeypatch):
-    """Issue 18 item 13: on a GPU a call is one chunk, so 20k and 600k tokens dispatch the same operations; on a CPU
-    a buffer past 32 MiB (~500k tokens of the TIS hook's columns) goes in chunks, which add operations. The GPU path
-    is the one taken for any device type outside ``CHUNKED_DEVICES``; emptying it takes that path on this CPU."""
-    small, large = packed_batch(64, 20_000, seed=1), packed_batch(64, 600_000, seed=2)
+    """Issue 18 item 13: on a GPU a call is one chunk, so 20k and 300k tokens dispatch the same operations; on a CPU
+    the cache-sized chunks (4 MB: ~70k tokens of the TIS hook's columns) add operations. The GPU path is the one
+    taken for any device type outside ``CHUNKED_DEVICES``; emptying it takes that path on this CPU."""
+    small, large = packed_batch(64, 20_000, seed=1), packed_batch(64, 300_000, seed=2)
     assert hook_core(large) > hook_core(small)  # chunked on the CPU
     monkeypatch.setattr(seqstats, "CHUNKED_DEVICES", frozenset())
     assert hook_core(large) == hook_core(small)
 
 
-def test_batches_are_chunked_only_on_a_cpu_and_only_past_the_mmap_threshold():
+def test_batches_are_chunked_by_cache_size_on_a_cpu_and_whole_elsewhere():
     rows, size = 17, 4
-    for total in (0, 1, BLOCK, 61_000, 300_000, 600_000, 2_000_003):
+    most = CHUNK_BYTES // (rows * size) // BLOCK * BLOCK
+    for total in (0, 1, BLOCK, most, most + 1, 300_000, 2_000_003):
         assert default_chunk_tokens(torch.device("cuda"), total, rows, size) == max(total, 1)
         chunk = default_chunk_tokens(torch.device("cpu"), total, rows, size)
-        if total * rows * size <= CHUNK_ABOVE_BYTES:
-            assert chunk == max(total, 1)
+        if total <= most:
+            assert chunk == most  # one chunk of whole blocks
             continue
         chunks = -(-total // chunk)
-        fewest = -(-total // (CHUNK_BYTES // (rows * size) // BLOCK * BLOCK))
-        assert chunk * rows * size <= CHUNK_BYTES and chunks == fewest
+        assert chunk * rows * size <= CHUNK_BYTES and chunks == -(-total // most)  # the fewest that fit
         assert chunks * chunk - total < chunks  # about equal shares of the tokens
 
 
