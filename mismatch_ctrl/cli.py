@@ -128,7 +128,7 @@ def _analyze(ns: argparse.Namespace) -> int:
     out = Path(ns.out) if ns.out else Path(ns.directory) / "analysis"
     json_path = Path(ns.json) if ns.json not in (None, "-") else None
     try:
-        _check_outputs(out, json_path)
+        _check_outputs(out, json_path, create=Path(ns.directory).is_dir())
         result = analyze_dumps(ns.directory, options)
         report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
         if json_path is not None:
@@ -157,8 +157,9 @@ def _analyze(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _check_outputs(out: Path, json_path: Path | None) -> None:
-    """Refuse output paths that cannot be written before the analysis spends any time."""
+def _check_outputs(out: Path, json_path: Path | None, create: bool = True) -> None:
+    """Refuse output paths that cannot be written before the analysis spends any time (``create``: make ``out`` now,
+    the only sure test; not when the dumps' directory is missing, which the analysis reports)."""
     if str(out) == "-":
         raise ConfigError("--out -: the report is a directory (report.md and plots/); give its path ('-' is only for "
                           "--json)")
@@ -167,9 +168,19 @@ def _check_outputs(out: Path, json_path: Path | None) -> None:
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {existing} is not writable")
+    try:
+        if create:
+            out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. under /proc, where root's access check says yes
+        raise ConfigError(f"--out {out}: cannot create it ({exc.strerror or exc}); give a writable directory") \
+            from None
     if json_path is not None:
         if json_path.is_dir():
             raise ConfigError(f"--json {json_path}: is a directory; give a file name (or '-' for standard output)")
+        report = (out / "report.md").resolve()
+        if json_path.resolve() == report or (out / "plots").resolve() in json_path.resolve().parents:
+            raise ConfigError(f"--json {json_path}: would overwrite the report's own files in {out}; give another "
+                              "file name")
         parent = next(p for p in json_path.parents if p.exists())
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"--json {json_path}: {parent} is not a writable directory")

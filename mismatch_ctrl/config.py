@@ -103,6 +103,8 @@ class _StrictLoader(yaml.SafeLoader):
 def read_yaml(path: str | Path) -> Any:
     """The YAML document in ``path`` (duplicate keys refused); :class:`ConfigError` naming the file otherwise."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # opening a FIFO would wait for a writer
+        raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device); give the method YAML")
     try:
         with path.open("rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -172,8 +174,8 @@ def build_config(section: Mapping[str, Any] | None, *, architecture: str | None 
         if section.get(key) is not None:
             values[key] = _coerce(tp, section[key], f"{ROOT_KEY}.{key}")
     for key, cls in SECTIONS.items():
-        values[key] = _build(cls, section.get(key) or {}, f"{ROOT_KEY}.{key}")
-    correction = section.get("correction") or {}
+        values[key] = _build(cls, _or_empty(section.get(key)), f"{ROOT_KEY}.{key}")
+    correction = _or_empty(section.get("correction"))
     if not isinstance(correction, Mapping):
         raise ConfigError(f"{ROOT_KEY}.correction: expected a mapping (preset: ...), got {brief(correction)}")
     if not isinstance(correction.get("preset", ""), (str, type(None))):
@@ -188,6 +190,12 @@ def arch_defaults(arch: str) -> dict[str, Any]:
     """The ``mismatch_ctrl`` section of ``configs/arch/<arch>.yaml`` shipped with the package."""
     text = resources.files("mismatch_ctrl").joinpath("configs", "arch", f"{arch}.yaml").read_text()
     return yaml.safe_load(text)[ROOT_KEY]
+
+
+def _or_empty(value: Any) -> Any:
+    """A sub-section as written, ``{}`` when it is empty (``dcgrpo:`` with nothing under it reads as None); any other
+    non-mapping (``false``, ``[]``, ``0``) is kept, so the builder refuses it instead of reading it as the defaults."""
+    return {} if value is None else value
 
 
 def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:

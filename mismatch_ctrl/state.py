@@ -51,7 +51,10 @@ def number(value: Any) -> float:
     """A finite real number (JSON int or float, not a boolean)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"must be a number, got {brief(value)}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an integer beyond any float
+        out = math.inf
     if not math.isfinite(out):
         raise ValueError(f"must be a finite number, got {brief(value)}")
     return out
@@ -209,7 +212,11 @@ class StateStore:
     def load(self, rollout_id: int) -> dict[str, Any]:
         """The state saved after rollout ``rollout_id``; :class:`StateError` if missing, corrupt or foreign."""
         path = self.path(rollout_id)
-        if not path.is_file():
+        if path.exists() or path.is_symlink():
+            if not path.is_file():
+                raise StateError(f"{path}: not a regular file (a directory, FIFO, device or broken link); put the "
+                                 "state file written by the run back, or move this away and resume with --finetune")
+        else:
             have = self.rollout_ids()
             raise StateError(
                 f"{path}: no mismatch_ctrl state for rollout {rollout_id}, the checkpoint being resumed "
@@ -225,7 +232,7 @@ class StateStore:
             raise StateError(f"{path}: not a mismatch_ctrl state file (format {brief(document.get('format'))})"
                              if isinstance(document, dict) else f"{path}: not a mismatch_ctrl state file")
         version = document.get("version")
-        if version != VERSION and (isinstance(version, bool) or version not in UPGRADES):
+        if version != VERSION and (type(version) is not int or version not in UPGRADES):
             raise StateError(f"{path}: state version {brief(version)} is not supported (this version reads "
                              f"{', '.join(map(str, sorted([*UPGRADES, VERSION])))}: written by another version of "
                              "mismatch_ctrl)")

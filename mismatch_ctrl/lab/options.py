@@ -100,14 +100,19 @@ def group_size(text: str) -> int:
     return value
 
 
+MAX_LR = 10.0
+"""The largest ``--lr``: far past any rate that trains (a larger one only blows the policy up, which the lab reports
+as a collapse), well inside float32 where the optimizer keeps it."""
+
+
 def learning_rate(text: str) -> float:
-    """A finite float > 0."""
+    """A finite float in (0, :data:`MAX_LR`]."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    if not (math.isfinite(value) and 0 < value <= MAX_LR):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0 and at most {MAX_LR:g}, got {clip(text, 40)!r}")
     return value
 
 

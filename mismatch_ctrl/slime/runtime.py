@@ -109,8 +109,12 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
     start = getattr(args, "start_rollout_id", None)
     load = getattr(args, "load", None)
     tracker = Path(load) / TRACKER if load else None
-    if getattr(args, "finetune", False) or tracker is None or not tracker.is_file():
+    if getattr(args, "finetune", False) or tracker is None or not (tracker.exists() or tracker.is_symlink()):
         return controllers, int(start or 0)
+    if not tracker.is_file():
+        raise StateError(f"{tracker}: not a regular file (a directory, FIFO, device or broken link), so which "
+                         "checkpoint is resumed is unknown; Megatron cannot read it either: fix it or point --load at "
+                         "a complete checkpoint")
     iteration = read_tracker(tracker)
     if iteration is None:
         log.info("mismatch_ctrl: %s names a release checkpoint: the controllers start afresh", tracker)

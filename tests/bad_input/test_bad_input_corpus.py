@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -137,6 +138,23 @@ def resume(tmp: Path, section: dict[str, Any] = DCGRPO, **flags: Any) -> Any:
     return init(section, load=str(tmp), save=str(tmp), **flags)
 
 
+def resume_with_replaced(name: str, edit: Callable[[dict[str, Any]], None] | None = None) -> Callable[[Path], Any]:
+    """Resume after the run's tracker (``name`` = "tracker") or checkpoint state file ("state") became a directory, or
+    after ``edit`` changed the state file's document (not only its ``state``)."""
+    def run(tmp: Path) -> Any:
+        path = saved_run(tmp)
+        target = tmp / "latest_checkpointed_iteration.txt" if name == "tracker" else path
+        if edit is None:
+            target.unlink()
+            target.mkdir()
+        else:
+            document = json.loads(path.read_text())
+            edit(document)
+            path.write_text(json.dumps(document))
+        return resume(tmp)
+    return run
+
+
 def resume_edited(edit: Callable[[dict[str, Any]], None], section: dict[str, Any] = DCGRPO,
                   resumed: dict[str, Any] | None = None) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
@@ -230,6 +248,19 @@ ERRORS: dict[str, Bad] = {
                           "state.surge.start: missing", "state.resume: fresh"),
     "fixed eps resumed with eps auto": bad(resume_edited(lambda s: None, resumed=method("dcgrpo", dcgrpo={
         "eps": "auto"})), StateError, "state.dcgrpo.eps_setting: the saved run used eps 0.005"),
+    "tracker is a directory": bad(resume_with_replaced("tracker"), StateError,
+                                  "latest_checkpointed_iteration.txt: not a regular file"),
+    "state file is a directory": bad(resume_with_replaced("state"), StateError, ".json: not a regular file"),
+    "state version is a list": bad(resume_with_replaced("state", lambda d: d.update(version=[3])), StateError,
+                                   "state version [3] is not supported"),
+    "state lam beyond any float": bad(resume_edited(set_key("dcgrpo", "lam", 10**400)), StateError,
+                                      "state.dcgrpo.lam", "finite"),
+    "config section false": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  dcgrpo: false\n"),
+                                                      architecture="moe"), ConfigError,
+                                "mismatch_ctrl.dcgrpo: expected a mapping"),
+    "config correction empty list": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  correction: []\n"),
+                                                              architecture="moe"), ConfigError,
+                                        "mismatch_ctrl.correction: expected a mapping"),
     "tracker holds abc": bad(resume_with_tracker("abc"), StateError, "latest_checkpointed_iteration.txt: holds 'abc'"),
     "tracker is empty": bad(resume_with_tracker(""), StateError, "latest_checkpointed_iteration.txt: holds ''"),
     "tracker holds -3": bad(resume_with_tracker("-3\n"), StateError, "holds '-3'", "an integer >= 0"),
@@ -324,6 +355,12 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "check-config: duplicate key": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  name: a\n"
                                                                               "  name: b\n"))],
                                        "duplicate key 'name'"),
+    "analyze --json onto its own report": cli(lambda t: ["analyze", str(run_dir(t)), "--out", str(t / "o"), "--json",
+                                                         str(t / "o" / "report.md")], "would overwrite the report"),
+    "analyze --out where nothing can be made": cli(lambda t: ["analyze", str(run_dir(t)), "--out", "/proc/no/such"],
+                                                   "--out /proc/no/such: cannot create it"),
+    "check-config a FIFO": cli(lambda t: (os.mkfifo(t / "f.yaml"), ["check-config", str(t / "f.yaml")])[1],
+                               "not a regular file"),
     "analyze --config binary": cli(lambda t: ["analyze", str(run_dir(t)), "--config", str(write(t, b"\xff\xfe"))],
                                    "not UTF-8 text"),
     "analyze --out an existing file": cli(lambda t: ["analyze", str(run_dir(t)), "--out", str(write(t, "x", "out"))],

@@ -183,7 +183,8 @@ def test_cli_help_lists_the_flags(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lr", "inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
+    (["--lr", "inf"], "argument --lr: expected a finite number > 0 and at most 10, got 'inf'"),
+    (["--lr", "1e300"], "argument --lr: expected a finite number > 0 and at most 10, got '1e300'"),
     (["--lr", "nan"], "argument --lr"),
     (["--lr", "-1e-3"], "argument --lr"),
     (["--methods", "grpo,grpo"], "--methods: each run once, got grpo@e4m3 more than once"),

@@ -58,6 +58,8 @@ def test_missing_file_names_it_and_the_files_present(tmp_path):
     ('{"format": "mismatch_ctrl.state", "version": 99, "rollout_id": 4, "state": {}}', "state version 99"),
     ('{"format": "mismatch_ctrl.state", "version": 1, "rollout_id": 4, "state": {}}', "state version 1"),
     ('{"format": "mismatch_ctrl.state", "version": true, "rollout_id": 4, "state": {}}', "state version True"),
+    ('{"format": "mismatch_ctrl.state", "version": [3], "rollout_id": 4, "state": {}}', "state version [3]"),
+    ('{"format": "mismatch_ctrl.state", "version": {}, "rollout_id": 4, "state": {}}', "state version {}"),
     ('{"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 3, "state": {}}', "rollout_id 3, expected 4"),
     ('{"format": "mismatch_ctrl.state", "version": 2, "rollout_id": 4, "state": [1]}', "corrupt state"),
 ])
@@ -284,3 +286,20 @@ def test_a_version_2_file_resumes_with_the_drift_guard_window_empty(tmp_path):
     restored = ControllerSet(config)
     restored.load_state_dict(store.load(4))
     assert restored.state_dict() == state
+
+
+def test_a_state_path_that_is_not_a_regular_file_is_named_as_such(tmp_path):
+    store = StateStore(tmp_path)
+    store.path(4).mkdir()
+    store.path(5).symlink_to(store.path(5))  # a symlink loop
+    for rollout in (4, 5):
+        with pytest.raises(StateError, match=r"state_0000005\.json: not a regular file|state_0000004\.json: not a "
+                                             r"regular file"):
+            store.load(rollout)
+
+
+def test_an_integer_beyond_any_float_is_a_state_error_naming_the_field():
+    from mismatch_ctrl.state import number
+
+    with pytest.raises(ValueError, match="must be a finite number"):
+        number(10**400)
