@@ -154,6 +154,10 @@ def _analyze(ns: argparse.Namespace) -> int:
         print(f"mismatch-ctrl analyze: no rollout could be measured, the report has no discrepancy numbers: {why} "
               "(the report's 'Skipped files and notes' names each file and the reason)", file=sys.stderr)
         return 1
+    if result["skipped"]:
+        print(f"mismatch-ctrl analyze: {len(result['skipped'])} dump file(s) or rollout(s) skipped, "
+              f"{counts['measured']} rollout(s) measured (the report's 'Skipped files and notes' names each and the "
+              "reason)", file=sys.stderr)
     return 0
 
 

@@ -193,8 +193,8 @@ class QuantConfig:
         if config is None:
             if base not in QUANT_MODES:
                 raise ValueError(f"quant mode: unknown {mode!r}; choose one of {', '.join(QUANT_MODES)} or tempX (an "
-                                 "engine temperature x > 0, e.g. temp1.05), optionally followed by +router and/or "
-                                 "+tempX")
+                                 "engine temperature x from 0.001 to 1000, e.g. temp1.05), optionally followed by "
+                                 "+router and/or +tempX")
             config = QUANT_MODES[base]
         for suffix in suffixes:
             temperature = _temperature_mode(suffix, mode)
@@ -224,6 +224,9 @@ class QuantConfig:
 
 
 TEMPERATURE_PREFIX = "temp"
+TEMPERATURE_RANGE = (1e-3, 1e3)
+"""Engine temperatures ``tempX`` accepts: beyond them the engine samples one token or uniform noise, and the name
+would print in exponent notation (``1e+300``), whose ``+`` reads as a suffix."""
 
 
 def _temperature_mode(text: str, mode: str) -> QuantConfig | None:
@@ -234,8 +237,9 @@ def _temperature_mode(text: str, mode: str) -> QuantConfig | None:
         value = float(text[len(TEMPERATURE_PREFIX):])
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"quant mode {mode!r}: {text!r} needs a finite engine temperature > 0, e.g. temp1.05")
+    if not (math.isfinite(value) and TEMPERATURE_RANGE[0] <= value <= TEMPERATURE_RANGE[1]):
+        raise ValueError(f"quant mode {mode!r}: {text!r} needs an engine temperature from {TEMPERATURE_RANGE[0]:g} "
+                         f"to {TEMPERATURE_RANGE[1]:g}, e.g. temp1.05")
     return replace(QUANT_MODES["none"], engine_temperature=value)
 
 

@@ -34,6 +34,7 @@ def test_report_plots_and_json_agree(dumps, tmp_path, capsys):
     assert result["counts"]["rollouts"] == 12 and result["method"]["architecture"] == "dense"
     assert [s["path"] for s in result["skipped"]] == [str(dumps / "train_data" / "12.pt")]
     assert "skipped `" + str(dumps / "train_data" / "12.pt") in report
+    assert "1 dump file(s) or rollout(s) skipped, 12 rollout(s) measured" in captured.err  # said, not only reported
     rec = result["recommendation"]
     assert f"**eps = {fmt(rec['eps_auto'], 4)}**" in report
     for candidate in rec["candidates"]:

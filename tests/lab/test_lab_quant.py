@@ -183,7 +183,8 @@ def test_mode_names_parse_to_configs_and_back():
         assert QuantConfig.from_mode(QuantConfig.from_mode(name).mode) == QuantConfig.from_mode(name)
     assert QuantConfig.from_mode("e4m3+temp1.3+router").mode == "e4m3+router+temp1.3"
     assert QuantConfig.from_mode("temp1").mode == "none"
-    for bad, message in (("temp-1", "engine temperature > 0"), ("tempinf", "engine temperature > 0"),
+    for bad, message in (("temp-1", "engine temperature from 0.001"), ("tempinf", "engine temperature from 0.001"),
+                         ("temp1e300", "to 1000"),
                          ("e4m3+router+router", "repeats"), ("e4m3+temp1.1+temp1.2", "repeats"),
                          ("int4x", "unknown"), ("none+router", "needs a quantised engine")):
         with pytest.raises(ValueError, match=message):

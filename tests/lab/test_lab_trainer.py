@@ -204,8 +204,10 @@ def test_cli_help_lists_the_flags(capsys):
                           "e5m2-w, e5m2, nvfp4, mxfp4, int4 or tempX"),
     (["--quant", "e4m3,,nope"], "argument --quant: quant mode: unknown 'nope'"),
     (["--quant", "none,e4m3,none"], "argument --quant: each engine once"),
-    (["--quant", "temp0"], "argument --quant: quant mode 'temp0': 'temp0' needs a finite engine temperature > 0"),
-    (["--quant", "tempfast"], "needs a finite engine temperature"),
+    (["--quant", "temp0"], "argument --quant: quant mode 'temp0': 'temp0' needs an engine temperature from 0.001 to "
+                           "1000"),
+    (["--quant", "tempfast"], "needs an engine temperature from"),
+    (["--quant", "temp1e300"], "argument --quant: quant mode 'temp1e300': 'temp1e300' needs an engine temperature"),
     (["--quant", "none+router"], "+router needs a quantised engine"),
     (["--quant", "e4m3+turbo"], "suffix 'turbo' is not +router or +tempX"),
     (["--num-steps-per-rollout", "0"], "argument --num-steps-per-rollout: must be an integer >= 1, got '0'"),
