@@ -190,6 +190,17 @@ def _check_outputs(out: Path, json_path: Path | None, create: bool = True) -> No
             raise ConfigError(f"--json {json_path}: {parent} is not a writable directory")
 
 
+def _expert_count(text: str) -> int:
+    """``--num-experts``: an integer >= 0 (0: dense), as Megatron's flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 or absent: dense), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mismatch-ctrl",
@@ -207,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", help="YAML file, e.g. configs/methods/dcgrpo.yaml")
     arch = check.add_mutually_exclusive_group()
     arch.add_argument("--arch", choices=("dense", "moe"), help="architecture for the DC-GRPO defaults")
-    arch.add_argument("--num-experts", type=int, help="Megatron --num-experts of the model (> 0 means MoE)")
+    arch.add_argument("--num-experts", type=_expert_count, help="Megatron --num-experts of the model (> 0 means MoE)")
     arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) to read the architecture from")
     check.add_argument("--json", action="store_true", help="print every resolved setting as JSON")
     check.set_defaults(run=_check_config)
@@ -299,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_arch = analyze.add_mutually_exclusive_group()
     analyze_arch.add_argument("--arch", choices=("dense", "moe"), help="architecture for the DC-GRPO defaults "
                                                                        "(default moe, the recipe's model)")
-    analyze_arch.add_argument("--num-experts", type=int, help="Megatron --num-experts of the model (> 0 means MoE)")
+    analyze_arch.add_argument("--num-experts", type=_expert_count,
+                              help="Megatron --num-experts of the model (> 0 means MoE)")
     analyze_arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) of the model")
     analyze.add_argument("--config", help="method YAML (or the name of one in configs/methods/) whose dcgrpo and "
                                           "lr_decay settings drive the replay (default dcgrpo_length_decay)")

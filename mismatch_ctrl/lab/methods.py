@@ -107,7 +107,9 @@ class RunSpec:
         quantisation mode is validated and stored by its canonical name, and ``+r3`` needs experts."""
         text = text.strip()
         replay = text.endswith(REPLAY_SUFFIX)
-        method, _, quant = text.removesuffix(REPLAY_SUFFIX).partition("@")
+        method, at, quant = text.removesuffix(REPLAY_SUFFIX).partition("@")
+        if at and not quant.strip():
+            raise ValueError(f"run {text!r}: nothing after '@'; name the engine (e.g. {method}@e4m3) or drop the '@'")
         build_config(method_section(method), num_experts=num_experts)
         mode = as_quant_config(quant or default_quant).mode
         if replay and not num_experts:

@@ -359,6 +359,8 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
                                                          str(t / "o" / "report.md")], "would overwrite the report"),
     "analyze --out where nothing can be made": cli(lambda t: ["analyze", str(run_dir(t)), "--out", "/proc/no/such"],
                                                    "--out /proc/no/such: cannot create it"),
+    "check-config --num-experts -1": cli(lambda t: ["check-config", "configs/methods/dcgrpo.yaml", "--num-experts",
+                                                    "-1"], "argument --num-experts: expected an integer >= 0"),
     "check-config a FIFO": cli(lambda t: (os.mkfifo(t / "f.yaml"), ["check-config", str(t / "f.yaml")])[1],
                                "not a regular file"),
     "analyze --config binary": cli(lambda t: ["analyze", str(run_dir(t)), "--config", str(write(t, b"\xff\xfe"))],

@@ -192,6 +192,7 @@ def test_cli_help_lists_the_flags(capsys):
     (["--methods", "grpo,nope"], "--methods: unknown lab method 'nope'"),
     (["--methods", "configs/methods/dcgrpo.yaml"], "(a method is named without folder and .yaml: dcgrpo)"),
     (["--prompts", "5000"], "argument --prompts: at most 4096 prompts per rollout, got 5000"),
+    (["--methods", "grpo@"], "--methods: run 'grpo@': nothing after '@'"),
     (["--samples", "300"], "argument --samples: expected 2 to 256 samples per prompt"),
     (["--methods", ","], "--methods: give at least one"),
     (["--methods", "grpo+r3", "--policy", "dense"], "--methods: run 'grpo+r3': routing replay"),
