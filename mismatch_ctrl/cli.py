@@ -161,7 +161,7 @@ def _analyze(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _check_outputs(out: Path, json_path: Path | None, create: bool = True) -> None:
+def _check_outputs(out: Path, json_path: Path | None, create: bool) -> None:
     """Refuse output paths that cannot be written before the analysis spends any time (``create``: make ``out`` now,
     the only sure test; not when the dumps' directory is missing, which the analysis reports)."""
     if str(out) == "-":

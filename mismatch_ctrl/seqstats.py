@@ -103,7 +103,7 @@ sums and maxima plus the few edge tokens, per sequence once after the last chunk
 written out at full length. One ``[K, T]`` buffer of millions of tokens makes every pass a trip to memory, and glibc
 maps such an allocation fresh on every call, whose page faults then cost more than the arithmetic
 (``benchmarks/bench_core.py`` at 2.1M tokens: (a) 28 ms with chunks against 41 ms with one buffer below 32 MiB;
-``benchmarks/bench_hooks.py``: the TIS hook's statistics 2.4x faster at 1.9M tokens, the same at 190k). Each chunk
+``benchmarks/bench_hooks.py``: the TIS hook's statistics 2.3-2.4x faster at 1.9M tokens, 1.0-1.2x at 190k). Each chunk
 costs its own operations, so on a CPU the count grows with the tokens past one chunk."""
 
 CHUNKED_DEVICES = frozenset({"cpu"})
