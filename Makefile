@@ -8,10 +8,14 @@ OUT ?= runs/lab
 # One thread per process: the suite and the lab are faster and steadier that way on a loaded 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help venv test demo bench lint clean
+GPU_OUT ?= runs/gpu-check
+# The GPU check runs on the device machine's own python3 (torch there, no network for a venv); here, the venv's.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+.PHONY: help venv test demo bench gpu-check lint clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' -e 's|$$(OUT)|$(OUT)|' -e 's|$$(VENV)|$(VENV)|'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' -e 's|$$(OUT)|$(OUT)|' -e 's|$$(VENV)|$(VENV)|' -e 's|$$(GPU_OUT)|$(GPU_OUT)|'
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +32,13 @@ test: $(STAMP)  ## run the test suite
 demo: $(STAMP)  ## run the CPU lab comparison on the tiny MoE policy (one seed); report and plots in $(OUT)
 	$(PY) -m mismatch_ctrl lab --out $(OUT)
 
-bench: $(STAMP)  ## core time vs a Python loop and one elementwise pass; hook ops, collectives and time vs targets
+bench: $(STAMP)  ## core time vs a Python loop and one elementwise pass; hook ops, collectives and time; GPU syncs and time (with CUDA)
 	$(PY) benchmarks/bench_core.py
 	PYTHONWARNINGS=ignore $(PY) benchmarks/bench_hooks.py
+	$(PY) benchmarks/bench_gpu.py
+
+gpu-check:  ## on a GPU machine (<= 8 min): CUDA tests, GPU benchmark, lab device choice and throughput; report in $(GPU_OUT)
+	$(GPU_PY) benchmarks/gpu_check.py --out $(GPU_OUT)
 
 lint: $(STAMP)  ## ruff (installed on first use)
 	$(PY) -m pip install --quiet ruff

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from .correction import CorrectionSpec
 from .errors import StateError
-from .seqstats import BatchTotals, Columns, SeqStats
+from .seqstats import BatchTotals, Columns, Reduced, SeqStats
 from .signals import SIGNAL_COLUMNS
 from .sketch import histogram_quantiles, log_histogram
 from .state import list_of, nonnegative, optional, positive, validated
@@ -71,7 +71,8 @@ ACRL_COLUMNS = Columns({"log_diff": SIGNAL_COLUMNS["log_diff"]})
 class SequenceDiscrepancy:
     """``D``: median over all sequences with trained tokens of the per-sequence mean ``|l|`` (``value``; None if no
     sequence of the global batch has trained tokens), from a log-histogram summed over the data-parallel ranks
-    (:mod:`mismatch_ctrl.sketch`: within one bin, ~6%, of the exact median)."""
+    (:mod:`mismatch_ctrl.sketch`: within one bin, ~6%, of the exact median), read on the host (reduce with
+    ``fetch=True``)."""
 
     def __init__(self, stats: SeqStats) -> None:
         self.stats = stats
@@ -81,8 +82,8 @@ class SequenceDiscrepancy:
         stats = self.stats
         totals.add("sum", "acrl.histogram", log_histogram(stats.mean("log_diff"), stats.valid))
 
-    def read(self, reduced: Mapping[str, list[float]]) -> None:
-        (median,) = histogram_quantiles(reduced["acrl.histogram"], [0.5])
+    def read(self, reduced: Reduced) -> None:
+        (median,) = histogram_quantiles(reduced["acrl.histogram"].tolist(), [0.5])
         self.value = None if math.isnan(median) else median
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import host
 from .errors import InputError
 from .formatting import brief
 
@@ -42,7 +43,8 @@ class Segments:
     times faster than one ``segment_reduce`` over all tokens, whose per-element cost dominates on long responses.
     :meth:`sum_rows`, :meth:`max_rows` and :meth:`expand` handle K rows at once, with a number of tensor operations
     that depends on neither K nor N. The index layout is computed once per instance on the host (numpy, from the
-    Python ``sizes``) and copied to the device: no device kernels for bookkeeping.
+    Python ``sizes``) and copied to the device in one non-blocking transfer (:func:`mismatch_ctrl.host.to_device`):
+    no device kernels for bookkeeping, no host synchronisation.
     """
 
     __slots__ = ("sizes", "num_tokens", "device", "_host", "_cache")
@@ -92,8 +94,11 @@ class Segments:
         return self._host
 
     def _index(self, name: str) -> torch.Tensor:
-        if name not in self._cache:
-            self._cache[name] = torch.from_numpy(self._layout()[name]).to(self.device)
+        """The layout array ``name`` on the device; the first call uploads all of them in one transfer."""
+        if not self._cache:
+            layout = self._layout()
+            packed = host.to_device(np.concatenate(list(layout.values())), self.device)
+            self._cache = dict(zip(layout, torch.split(packed, [a.size for a in layout.values()])))
         return self._cache[name]
 
     @staticmethod
@@ -120,7 +125,7 @@ class Segments:
             return self._index("edge_index")
         edges = self._layout()["edge_index"]
         first, last = np.searchsorted(edges, [start, self.num_tokens if stop is None else stop])
-        return torch.from_numpy(edges[first:last] - start).to(self.device)
+        return host.to_device(edges[first:last] - start, self.device)
 
     def combine_sums(self, block_sums: torch.Tensor, edge_values: torch.Tensor) -> torch.Tensor:
         """Per-sequence sums ``[N, K]`` (float64) from the sums of the whole blocks ``[K, T // BLOCK]`` and the
@@ -131,7 +136,8 @@ class Segments:
             return block_sums.new_zeros(0, k, dtype=torch.float64)
         prefix = F.pad(block_sums.double().cumsum(1), (1, 0))
         inner = prefix.index_select(1, self._index("last_block")) - prefix.index_select(1, self._index("first_block"))
-        edges = torch.segment_reduce(edge_values, "sum", lengths=self._index("edge_sizes").expand(k, -1), axis=1)
+        edges = torch.segment_reduce(edge_values, "sum", lengths=self._index("edge_sizes").expand(k, -1), axis=1,
+                                     unsafe=True)
         return (inner + edges).t()
 
     def combine_maxima(self, block_max: torch.Tensor, edge_values: torch.Tensor) -> torch.Tensor:
@@ -142,9 +148,9 @@ class Segments:
             return block_max.new_zeros(0, k)
         blocks = block_max.index_select(1, self._index("block_index"))
         inner = torch.segment_reduce(blocks, "max", lengths=self._index("block_counts").expand(k, -1), axis=1,
-                                     initial=-torch.inf)
+                                     initial=-torch.inf, unsafe=True)
         edges = torch.segment_reduce(edge_values, "max", lengths=self._index("edge_sizes").expand(k, -1), axis=1,
-                                     initial=-torch.inf)
+                                     initial=-torch.inf, unsafe=True)
         return torch.maximum(inner, edges).t()
 
     def sum(self, *columns: torch.Tensor) -> torch.Tensor:
@@ -199,6 +205,10 @@ class TokenBatch:
     log_ratio: torch.Tensor
     nonfinite: torch.Tensor
     impossible: torch.Tensor
+    dropped: bool = False
+    """Whether this shard's guard dropped a trained token."""
+    watched: tuple[float, ...] = ()
+    """The values of ``watch`` (see :meth:`build`)."""
 
     @classmethod
     def build(
@@ -208,8 +218,13 @@ class TokenBatch:
         rollout_log_probs: torch.Tensor,
         mask: torch.Tensor,
         nonfinite: NonFinitePolicy = "mask",
+        watch: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None = None,
     ) -> TokenBatch:
-        """Validate flat ``[T]`` tensors against ``segments``, check the mask and guard unusable log-probs."""
+        """Validate flat ``[T]`` tensors against ``segments``, check the mask and guard unusable log-probs.
+
+        The checks cost one host transfer (:func:`mismatch_ctrl.host.fetch`; one more on the rare path where a
+        log-prob is unusable). ``watch(mask)``, given the float loss mask before the guard, returns 0-d tensors the
+        caller needs on the host: they are read in that same transfer, into ``watched``."""
         for name, t in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs), ("mask", mask)):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -221,25 +236,37 @@ class TokenBatch:
             if name != "mask" and not t.is_floating_point():
                 raise InputError(f"{name} must hold floating-point log-probs, got dtype {t.dtype}: integer or boolean "
                                  "values are token ids or masks, not log-probs (check which list was passed)")
+        devices = {name: t.device for name, t in (("train_log_probs", train_log_probs),
+                                                  ("rollout_log_probs", rollout_log_probs), ("mask", mask))}
+        if len(set(devices.values())) > 1:
+            raise InputError("the batch's tensors are on different devices ("
+                             + ", ".join(f"{name} on {device}" for name, device in devices.items())
+                             + "): put the log-probs and the loss masks on one device")
         train = train_log_probs.detach().float()
         rollout = rollout_log_probs.detach().float()
         raw_mask = mask.detach()
         mask = raw_mask.float()
         bad_per_seq = impossible_per_seq = train.new_zeros(segments.num_seqs)
+        checks = []
         if segments.num_tokens:
-            # One pass per tensor and one device sync find every problem: a log-prob's minimum and maximum are NaN if
-            # any value is, -inf / > 0 if any value is; slime's integer masks are 0/1 iff their minimum and maximum
-            # are, a float mask iff m (m - 1) vanishes everywhere.
+            # One pass per tensor and one host transfer find every problem: a log-prob's minimum and maximum are NaN
+            # if any value is, -inf / > 0 if any value is; slime's integer masks are 0/1 iff their minimum and
+            # maximum are, a float mask iff m (m - 1) vanishes everywhere.
             checks = [*torch.aminmax(train), *torch.aminmax(rollout)]
             if raw_mask.is_floating_point():
                 checks.append((mask * (mask - 1)).abs_().max())
             elif raw_mask.dtype != torch.bool:
-                checks += [v.float() for v in torch.aminmax(raw_mask)]
-            low_t, top_t, low_r, top_r, *mask_range = torch.stack(checks).tolist()
+                checks += list(torch.aminmax(raw_mask))
+        watched = list(watch(mask)) if watch is not None else []
+        values = host.fetch(*checks, *watched) if checks or watched else []
+        dropped = False
+        if checks:
+            low_t, top_t, low_r, top_r, *mask_range = values[:len(checks)]
             if mask_range and (mask_range[0] != 0 if len(mask_range) == 1 else
                                mask_range[0] < 0 or mask_range[1] > 1):
-                first = int(((mask != 0) & (mask != 1)).nonzero()[0, 0])
-                _raise_at(segments, first, "loss mask value other than 0/1", f"loss_masks={float(mask[first]):g}",
+                first = _first(((mask != 0) & (mask != 1)))
+                (value,) = host.fetch(mask[first])
+                _raise_at(segments, first, "loss mask value other than 0/1", f"loss_masks={value:g}",
                           "loss masks must be 0 or 1 (slime builds them from each sample's 0/1 loss_mask)")
             if not (math.isfinite(low_t) and math.isfinite(low_r) and max(top_t, top_r) <= 0):
                 finite = torch.isfinite(train - rollout)
@@ -247,11 +274,13 @@ class TokenBatch:
                 usable = finite & ~impossible
                 trained = mask > 0
                 bad, impossible = ~usable & trained, impossible & trained
-                if nonfinite == "error" and bool(bad.any()):
-                    first = int(bad.nonzero()[0, 0])
-                    kind = "impossible log-prob (above 0)" if bool(impossible[first]) else "non-finite log-prob"
+                dropped = host.fetch(bad.any())[0] > 0
+                if nonfinite == "error" and dropped:
+                    first = _first(bad)
+                    above, train_value, rollout_value = host.fetch(impossible[first], train[first], rollout[first])
+                    kind = "impossible log-prob (above 0)" if above else "non-finite log-prob"
                     _raise_at(segments, first, kind,
-                              f"train_log_probs={float(train[first])}, rollout_log_probs={float(rollout[first])}",
+                              f"train_log_probs={train_value}, rollout_log_probs={rollout_value}",
                               "set mismatch_ctrl.nonfinite: mask to drop such tokens from the loss and count them "
                               "instead")
                 train = torch.where(usable, train.clamp(max=0.0), 0.0)
@@ -259,10 +288,11 @@ class TokenBatch:
                 mask = torch.where(usable, mask, 0.0)
                 counts = segments.sum(bad.float(), impossible.float())
                 bad_per_seq, impossible_per_seq = counts[:, 0], counts[:, 1]
-                if bool(bad.any()):
+                if dropped:
                     warnings.warn(DROPPED_WARNING, RuntimeWarning, stacklevel=1)
         log_ratio = (train - rollout).clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        return cls(segments, train, rollout, mask, log_ratio, bad_per_seq, impossible_per_seq)
+        return cls(segments, train, rollout, mask, log_ratio, bad_per_seq, impossible_per_seq, dropped,
+                   tuple(values[len(checks):]))
 
     @classmethod
     def from_lists(
@@ -271,8 +301,10 @@ class TokenBatch:
         rollout_log_probs: Sequence[torch.Tensor],
         loss_masks: Sequence[torch.Tensor],
         nonfinite: NonFinitePolicy = "mask",
+        watch: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None = None,
     ) -> TokenBatch:
-        """From slime's per-sample lists (one 1-D tensor per response, all three of equal length per sample)."""
+        """From slime's per-sample lists (one 1-D tensor per response, all three of equal length per sample, all on
+        one device); ``watch`` as in :meth:`build`."""
         counts = {"train_log_probs": len(train_log_probs), "rollout_log_probs": len(rollout_log_probs),
                   "loss_masks": len(loss_masks)}
         if len(set(counts.values())) != 1:
@@ -282,6 +314,10 @@ class TokenBatch:
             for i, t in enumerate(items):
                 if not isinstance(t, torch.Tensor):
                     raise InputError(f"sample {i}: {name} must be a tensor, got {type(t).__name__}")
+                if t.device != train_log_probs[0].device:
+                    raise InputError(f"sample {i}: {name} is on {t.device} but train_log_probs of sample 0 is on "
+                                     f"{train_log_probs[0].device}: put the log-probs and the loss masks on one "
+                                     "device")
         sizes = [t.numel() for t in train_log_probs]
         for i, (n, r, m) in enumerate(zip(sizes, rollout_log_probs, loss_masks)):
             if r.numel() != n or m.numel() != n:
@@ -291,7 +327,7 @@ class TokenBatch:
                 )
         if not sizes:
             empty = torch.zeros(0)
-            return cls.build(Segments([]), empty, empty, empty, nonfinite)
+            return cls.build(Segments([]), empty, empty, empty, nonfinite, watch)
         device = train_log_probs[0].device
         return cls.build(
             Segments(sizes, device=device),
@@ -299,6 +335,7 @@ class TokenBatch:
             flat_cat(rollout_log_probs),
             flat_cat(loss_masks),
             nonfinite,
+            watch,
         )
 
     @classmethod
@@ -322,7 +359,8 @@ class TokenBatch:
             sizes = [int(n) for n in lengths]
             if len(sizes) != rows or any(n < 0 or n > width for n in sizes):
                 raise InputError(f"lengths must give {rows} values in [0, {width}], got {brief(sizes)}")
-            keep = torch.arange(width, device=mask.device)[None, :] < torch.tensor(sizes, device=mask.device)[:, None]
+            keep = torch.arange(width, device=mask.device)[None, :] < \
+                host.to_device(sizes, mask.device, torch.int64)[:, None]
 
         def flat(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(-1) if keep is None else t[keep]
@@ -336,13 +374,13 @@ class TokenBatch:
 
     @property
     def nonfinite_tokens(self) -> int:
-        """Trained tokens of this shard dropped by the guard (a log-prob NaN/inf or impossible)."""
-        return int(self.nonfinite.sum())
+        """Trained tokens of this shard dropped by the guard (a log-prob NaN/inf or impossible; a host transfer)."""
+        return int(host.fetch(self.nonfinite.sum())[0])
 
     @property
     def impossible_tokens(self) -> int:
-        """Trained tokens of this shard dropped for a log-prob above ``LOG_PROB_TOLERANCE``."""
-        return int(self.impossible.sum())
+        """Trained tokens of this shard dropped for a log-prob above ``LOG_PROB_TOLERANCE`` (a host transfer)."""
+        return int(host.fetch(self.impossible.sum())[0])
 
 
 def flat_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -350,9 +388,14 @@ def flat_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in tensors])
 
 
+def _first(flags: torch.Tensor) -> int:
+    """The first position where the device ``flags`` are true (one host transfer; for error messages)."""
+    return int(host.fetch(flags.float().argmax())[0])
+
+
 def _raise_at(segments: Segments, token: int, what: str, values: str, fix: str) -> None:
     """:class:`InputError` naming the sample and the response token of flat position ``token``."""
-    sample = int(torch.searchsorted(torch.cumsum(segments.lengths, 0).cpu(), token, right=True))
+    sample = int(np.searchsorted(np.cumsum(segments.sizes), token, side="right"))
     raise InputError(f"sample {sample}: {what} at response token {token - sum(segments.sizes[:sample])} ({values}); "
                      f"{fix}")
 

@@ -56,7 +56,7 @@ def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[
     from .lab.methods import RunSpec
     from .lab.options import resolve
     from .lab.policy import POLICY_KINDS
-    from .lab.trainer import LabSettings
+    from .lab.trainer import LabSettings, auto_device
 
     o = resolve(ns)
     experts = POLICY_KINDS[o["policy"]].get("n_experts", 0)
@@ -67,7 +67,7 @@ def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[
     settings = LabSettings(task=o["task"], policy=o["policy"], steps=o["steps"], lr=o["lr"], seed=o["seeds"][0],
                            eval_every=o["eval_every"], prompts_per_step=o["prompts"], samples_per_prompt=o["samples"],
                            optimizer_steps=o["num_steps_per_rollout"], dump_details=ns.dump_details,
-                           device=ns.device)
+                           device=auto_device(o["policy"], o["task"]) if ns.device == "auto" else ns.device)
     return runs, settings, o["seeds"]
 
 
@@ -270,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "so steps 2..K train off-policy (default: "
                           f"{d['num_steps_per_rollout']})")
     lab.add_argument("--device", type=options.device_name, default="auto",
-                     help="auto (cuda when torch finds a CUDA GPU, else cpu), cpu or cuda (default: auto)")
+                     help="auto (cuda for a policy of 1M parameters or more when torch finds a CUDA GPU - the "
+                          "gpu-moe preset's moe-large - else cpu, which runs the small policies faster), cpu or cuda "
+                          "(default: auto)")
     lab.add_argument("--seeds", type=options.seed_list,
                      help="comma list of seeds; each seeds a warm-up and one run of every method, and the report "
                           f"gives mean and 95%% interval over them (default: {','.join(map(str, d['seeds']))})")

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from . import host
 from .acrl import ACRL_COLUMNS, BandController, SequenceDiscrepancy
 from .batch import TokenBatch
 from .config import Config
@@ -24,7 +25,7 @@ from .dist import LOCAL, Reducers
 from .errors import StateError
 from .lr_schedule import LengthTriggeredLR, SurgeDetector
 from .metrics import METRIC_COLUMNS, mismatch_metrics
-from .seqstats import BatchTotals, SeqStats, reduce_batch
+from .seqstats import BatchTotals, Reduced, SeqStats, reduce_batch
 from .state import count, mapping, optional, validated
 
 
@@ -38,17 +39,18 @@ class RolloutStep:
 
 
 class ResponseLengths:
-    """The mean response length over the data-parallel batch, from this rank's lengths (a batch part)."""
+    """The mean response length over the data-parallel batch, from this rank's lengths (a batch part; read on the
+    host)."""
 
-    def __init__(self, lengths: Sequence[float], device: torch.device | None = None) -> None:
-        self.local = torch.tensor([float(sum(lengths)), float(len(lengths))], dtype=torch.float64, device=device)
+    def __init__(self, lengths: Sequence[float], device: torch.device) -> None:
+        self.local = host.to_device([float(sum(lengths)), float(len(lengths))], device, torch.float64)
         self.mean = 0.0
 
     def add_to(self, totals: BatchTotals) -> None:
         totals.add("sum", "response_lengths", self.local)
 
-    def read(self, reduced: Mapping[str, list[float]]) -> None:
-        total, count = reduced["response_lengths"]
+    def read(self, reduced: Reduced) -> None:
+        total, count = reduced["response_lengths"].tolist()
         self.mean = total / count if count else 0.0
 
 
@@ -93,7 +95,8 @@ class ControllerSet:
         enabled controller needs them); ``response_lengths`` are this rank's samples' response lengths (the surge
         detector reads their mean over the data-parallel batch). ``reducers`` combine context-parallel shards and
         data-parallel ranks: one statistics table and one batch reduction for everything (two gathers; one without
-        ``batch``).
+        ``batch``), and the host reads the reduced batch numbers once (besides the batch's own input check: two host
+        synchronisations per rollout on a GPU).
 
         Metrics: ``mean_response_length``; the section-6 mismatch metrics and ``discrepancy`` (``C_bar``) whenever
         ``batch`` is given; with DC-GRPO ``lambda`` (the dual multiplier of this rollout), ``lambda_next``,
@@ -106,7 +109,7 @@ class ControllerSet:
             raise ValueError("DC-GRPO and ACRL need the training engine's log-probs of this rollout")
         ctrl = self.dcgrpo
         lam, eps = (ctrl.shaping_lambda, ctrl.eps) if ctrl is not None else (0.0, None)
-        device = batch.mask.device if batch is not None else getattr(seq_advantages, "device", None)
+        device = batch.mask.device if batch is not None else getattr(seq_advantages, "device", torch.device("cpu"))
         lengths = ResponseLengths(response_lengths, device)
         metrics = shaped = discrepancy = None
         if batch is not None:
@@ -116,7 +119,7 @@ class ControllerSet:
             metrics = mismatch_metrics(stats)
             shaped = shape_advantages(stats, seq_advantages if ctrl is not None else None, settings, lam, eps or 0.0)
             discrepancy = SequenceDiscrepancy(stats) if self.acrl is not None else None
-        reduce_batch(reducers.batch, lengths, metrics, shaped, discrepancy)
+        reduce_batch(reducers.batch, lengths, metrics, shaped, discrepancy, fetch=True)
         out: dict[str, Any] = {"mean_response_length": lengths.mean}
         if metrics is not None:
             out.update(metrics.summary, discrepancy=shaped.discrepancy)

@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence, get_args
+from typing import Literal, Sequence, get_args
 
-import numpy as np
 import torch
 
 from .batch import LOG_RATIO_BOUND, TokenBatch
 from .dist import LOCAL, Reducers
 from .metrics import SeqMetrics
-from .seqstats import BatchTotals, Columns, SeqStats, Tokens, Writer, reduce_batch
+from .seqstats import BatchTotals, Columns, Reduced, SeqStats, Tokens, Writer, reduce_batch
 from .signals import SIGNAL_COLUMNS
 
 NORMALIZE_MIN_MEAN = 1e-8
@@ -304,11 +303,10 @@ class CorrectionPlan:
         seq_log = {}
         if "log_ratio" in stats.index:
             total_log = stats.sum("log_ratio")
-            seq_log = {"sequence": np.clip(total_log, -LOG_RATIO_BOUND, LOG_RATIO_BOUND),
-                       "geometric": total_log / denom}
-        flags: dict[str, np.ndarray] = {}
+            seq_log = {"sequence": total_log.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND), "geometric": total_log / denom}
+        flags: dict[str, torch.Tensor] = {}
         """Per-sequence 0/1 mean metrics (decisions)."""
-        no = np.zeros(stats.num_seqs, dtype=bool)
+        no = count.new_zeros(stats.num_seqs, dtype=torch.bool)
         stage_seq = {"rs": no, "tis": no}
         vetoed = no
         if spec.veto is not None:
@@ -338,18 +336,18 @@ class CorrectionPlan:
             elif stage not in seq_stages:
                 metrics.add("mean", (name,), stats.mean(column), stats.token_rows({name: column}))
             else:
-                metrics.add("mean", (name,), np.where(stage_seq[stage], 1.0, stats.mean(column)))
+                metrics.add("mean", (name,), torch.where(stage_seq[stage], 1.0, stats.mean(column)))
 
         low, high = spec.is_bounds
-        self.factor = self.keep_seq.astype(np.float64)
-        self.seq_weight: np.ndarray | None = None
+        self.factor = self.keep_seq.double()
+        self.seq_weight: torch.Tensor | None = None
         if spec.is_level == "token":
             for name, column in (("is_ratio_mean", "is_ratio"), ("is_clip_high_fraction", "is_above"),
                                  ("is_clip_low_fraction", "is_below")):
                 if column in stats.index:
                     metrics.add("mean", (name,), stats.mean(column), stats.token_rows({name: column}))
         elif spec.is_level is not None:
-            seq_rho = np.exp(seq_log[spec.is_level])
+            seq_rho = torch.exp(seq_log[spec.is_level])
             self.seq_weight = _shape_weights(spec.is_mode, seq_rho, low, high)
             self.factor = self.factor * self.seq_weight
             metrics.add("mean", ("is_ratio_mean",), seq_rho)
@@ -362,13 +360,19 @@ class CorrectionPlan:
         self.kept = stats.sum(stages.kept) * self.keep_seq
         self.weight_sum = stats.sum(stages.weight) * self.factor
         self.weight_sq_sum = stats.sum(stages.weight_sq) * self.factor ** 2
-        metrics.add("mean", tuple(flags), np.stack(list(flags.values()), axis=1))
+        metrics.add("mean", tuple(flags), torch.stack(list(flags.values()), 1))
         self.weight_block = len(metrics.blocks["mean"])
         metrics.add("mean", ("is_weight_mean", "rejected_token_fraction"),  # token rows: see finish()
-                    np.stack([self.weight_sum / denom, 1.0 - self.kept / denom], axis=1),
+                    torch.stack([self.weight_sum / denom, 1.0 - self.kept / denom], 1),
                     {"is_weight_mean": None, "rejected_token_fraction": None})
         metrics.add("total", ("rejected_tokens",), count - self.kept)
-        self.scale = 1.0
+        self.scale: float | torch.Tensor = 1.0
+        """The batch-normalisation scale ``s``: a 0-d tensor after :meth:`read` when normalising, else 1.0."""
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether the weights are batch-normalised (a scale is computed by :meth:`read`)."""
+        return self.spec.batch_normalize and self.spec.is_level is not None
 
     def add_to(self, totals: BatchTotals) -> None:
         """The metrics' entries, the sums of the diagnostics and of the batch normalisation, and the extreme kept
@@ -377,52 +381,59 @@ class CorrectionPlan:
         self.metrics.add_to(totals)
         seq_mean_weight = self.weight_sum / stats.denom
         has_kept = self.kept > 0
-        seq_weight = self.seq_weight if self.seq_weight is not None else np.ones(stats.num_seqs)
-        raw_weight = 0.0  # the IS weights before rejection, for batch normalisation
-        if self.spec.batch_normalize:
+        raw_weight: float | torch.Tensor = 0.0  # the IS weights before rejection, for batch normalisation
+        if self.normalizes:
             raw_weight = stats.sum(self.stages.raw_weight).sum() if self.spec.is_level == "token" else \
-                stats.valid @ seq_weight
+                stats.valid @ self.seq_weight
         totals.add("sum", "correction.weights", [
             stats.counts.sum(), self.weight_sum.sum(), self.weight_sq_sum.sum(), stats.valid @ seq_mean_weight,
             stats.valid @ seq_mean_weight ** 2, raw_weight])
-        factor = self.factor[has_kept]  # the extremes of the kept weights of each sequence, times its factor
+        # The extremes of the kept weights of each sequence with kept tokens, times its factor.
         if self.spec.is_level == "token":
             high = self.spec.is_bounds[1]
-            top = stats.max("is_weight")[has_kept] * factor
-            neg_bottom = (stats.max("is_weight_headroom")[has_kept] - 1.0) * high * factor
+            top = stats.max("is_weight") * self.factor
+            neg_bottom = (stats.max("is_weight_headroom") - 1.0) * high * self.factor
         else:
-            top, neg_bottom = factor, -factor
-        totals.add("max", "correction.extremes", [np.max(top, initial=-np.inf), np.max(neg_bottom, initial=-np.inf)])
+            top, neg_bottom = self.factor, -self.factor
+        extremes = torch.where(has_kept, torch.stack([top, neg_bottom]), -math.inf)
+        totals.add("max", "correction.extremes", extremes.amax(1) if stats.num_seqs else
+                   extremes.new_full((2,), -math.inf))
 
-    def read(self, reduced: Mapping[str, list[float]]) -> None:
-        """Batch values; fixes the batch-normalisation scale."""
+    def read(self, reduced: Reduced) -> None:
+        """Batch values; fixes the batch-normalisation scale (on the device of ``reduced``)."""
         self.metrics.read(reduced)
-        n_tokens, s1, s2, seq_s1, seq_s2, raw_weight = reduced["correction.weights"]
-        spec, summary = self.spec, self.metrics.summary
-        if spec.batch_normalize and spec.is_level is not None:
-            n = n_tokens if spec.is_level == "token" else summary["valid_sequences"]
-            mean = raw_weight / n if n > 0 else 0.0
-            if mean > NORMALIZE_MIN_MEAN:
-                self.scale = 1.0 / mean
-        top, neg_bottom = reduced["correction.extremes"]
-        summary["is_weight_mean"] *= self.scale
-        summary.update(
-            is_weight_max=top * self.scale if top > -math.inf else 0.0,
-            is_weight_min=-neg_bottom * self.scale if neg_bottom > -math.inf else 0.0,
-            is_ess=_ess(s1, s2, n_tokens), chi2_token=_chi2(s1, s2, n_tokens),
-            is_ess_seq=_ess(seq_s1, seq_s2, summary["valid_sequences"]),
-            chi2_seq=_chi2(seq_s1, seq_s2, summary["valid_sequences"]))
-        names, values = self.metrics.blocks["mean"][self.weight_block]
-        self.metrics.blocks["mean"][self.weight_block] = (names, values * [self.scale, 1.0])
+        n_tokens, s1, s2, seq_s1, seq_s2, raw_weight = reduced["correction.weights"].unbind(0)
+        spec, values = self.spec, self.metrics.values
+        n_seqs = values["valid_sequences"]
+        if self.normalizes:
+            n = n_tokens if spec.is_level == "token" else n_seqs
+            mean = torch.where(n > 0, raw_weight / n, 0.0)
+            self.scale = torch.where(mean > NORMALIZE_MIN_MEAN, 1.0 / mean, 1.0)
+            values["is_weight_mean"] = values["is_weight_mean"] * self.scale
+            names, weights = self.metrics.blocks["mean"][self.weight_block]
+            self.metrics.blocks["mean"][self.weight_block] = (names, torch.cat([weights[:, :1] * self.scale,
+                                                                                weights[:, 1:]], 1))
+        top, neg_bottom = (self._scaled(v) for v in reduced["correction.extremes"].unbind(0))
+        found = reduced["correction.extremes"] > -math.inf
+        ess, chi2 = _ess_chi2(torch.stack([s1, seq_s1]), torch.stack([s2, seq_s2]), torch.stack([n_tokens, n_seqs]))
+        values.update(
+            is_weight_max=torch.where(found[0], top, 0.0), is_weight_min=torch.where(found[1], -neg_bottom, 0.0),
+            is_ess=ess[0], chi2_token=chi2[0], is_ess_seq=ess[1], chi2_seq=chi2[1])
 
-    def sequence_rows(self) -> list[np.ndarray]:
+    def _scaled(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` times the batch-normalisation scale (no op without normalisation)."""
+        return values * self.scale if self.normalizes else values
+
+    def sequence_rows(self) -> list[torch.Tensor]:
         """The per-sequence factors :meth:`finish` needs at the tokens, after :meth:`read`: the keep flags, and
-        ``f_i s`` unless that is the keep flag itself; none without any sequence-level decision or weight."""
+        ``f_i s`` unless that is the keep flag itself (no sequence weight, no normalisation); none without any
+        sequence-level decision or weight."""
         if not self.per_sequence:
             return []
-        keep = self.keep_seq.astype(np.float64)
-        factor = self.factor * self.scale
-        return [keep] if np.array_equal(factor, keep) else [keep, factor]
+        keep = self.keep_seq.double()
+        if self.seq_weight is None and not self.normalizes:
+            return [keep]
+        return [keep, self._scaled(self.factor)]
 
     def finish(self, sequence_tokens: Sequence[torch.Tensor], token_outputs: bool = False) -> Correction:
         """The token weights and mask, from :meth:`sequence_rows` broadcast to the tokens (after :meth:`read`; the
@@ -437,28 +448,26 @@ class CorrectionPlan:
             weights = keep * token_weight
             keep.mul_(kept)
         else:
-            keep, weights = kept, token_weight * self.scale if self.scale != 1.0 else token_weight
+            keep, weights = kept, self._scaled(token_weight)
         if token_outputs:
             self.metrics.rows.update(is_weight_mean=weights, rejected_token_fraction=stats.batch.mask - keep)
         return Correction(weights, keep, self.metrics)
 
 
-def _ess(s1: float, s2: float, n: float) -> float:
-    """Normalised effective sample size ``(sum w)^2 / (n sum w^2)`` (0 without weight)."""
-    return s1 * s1 / (n * s2) if n > 0 and s2 > 0 else 0.0
+def _ess_chi2(s1: torch.Tensor, s2: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the sums of the weights ``s1``, of their squares ``s2`` and the counts ``n`` (tensors of one shape): the
+    normalised effective sample size ``(sum w)^2 / (n sum w^2)`` and ``chi2 = n sum w^2 / (sum w)^2 - 1``
+    (``mean(w^2) - 1`` of the weights normalised to mean 1), each 0 without weight."""
+    s1_sq, n_s2 = s1 * s1, n * s2
+    return torch.where((n > 0) & (s2 > 0), s1_sq / n_s2, 0.0), torch.where(s1 > 0, n_s2 / s1_sq - 1.0, 0.0)
 
 
-def _chi2(s1: float, s2: float, n: float) -> float:
-    """``mean(w^2) - 1`` of the weights normalised to mean 1: ``n sum w^2 / (sum w)^2 - 1`` (0 without weight)."""
-    return n * s2 / (s1 * s1) - 1.0 if s1 > 0 else 0.0
-
-
-def _shape_weights(mode: str, rho: np.ndarray, low: float, high: float) -> np.ndarray:
+def _shape_weights(mode: str, rho: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """Sequence IS weights from ratios: truncate ``min(rho, high)``, clip ``clamp(rho, low, high)``, mask ``rho``."""
     if mode == "truncate":
-        return np.minimum(rho, high)
+        return rho.clamp(max=high)
     if mode == "clip":
-        return np.clip(rho, low, high)
+        return rho.clamp(low, high)
     return rho
 
 
@@ -469,5 +478,4 @@ def apply_correction(spec: CorrectionSpec, batch: TokenBatch, reducers: Reducers
     stats = SeqStats.build(batch, correction_columns(spec), reducers)
     plan = CorrectionPlan(spec, stats)
     reduce_batch(reducers.batch, plan)
-    rows = plan.sequence_rows()
-    return plan.finish(list(stats.segments.expand(stats.to_device(rows, stats.batch.mask.dtype))) if rows else [])
+    return plan.finish(stats.at_tokens(plan.sequence_rows(), stats.batch.mask.dtype))

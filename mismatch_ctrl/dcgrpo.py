@@ -48,11 +48,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, get_args
 
-import numpy as np
 import torch
 
 from .errors import StateError
-from .seqstats import BatchTotals, Columns, SeqStats, Tokens
+from .seqstats import BatchTotals, Columns, Reduced, SeqStats, Tokens
 from .signals import SIGNAL_COLUMNS, Signal
 from .state import count, either, list_of, literal, nonnegative, number, optional, positive, validated
 
@@ -176,10 +175,11 @@ def shaping_columns(settings: DCGRPOSettings, eps: float) -> Columns:
 
 class ShapedAdvantages:
     """DC-GRPO shaping of one rollout, completed by the batch reduction (``add_to`` / ``read``;
-    :func:`~mismatch_ctrl.seqstats.reduce_batch`). After it, identical on every rank: ``discrepancy`` (``C_bar``;
-    None when no sequence of the global batch has a trained token), ``lambda_shaping`` (the multiplier after
-    ``penalty_cap``), ``capped``, ``penalty_abs_mean``, ``penalty_share``, and this rank's shaped token advantages
-    ``advantages`` (None when only measuring)."""
+    :func:`~mismatch_ctrl.seqstats.reduce_batch` with ``fetch=True``: the controller reads ``C_bar`` on the host, and
+    so does the penalty cap, whose multiplier then shapes the tokens on the device). After it, identical on every
+    rank: ``discrepancy`` (``C_bar``; None when no sequence of the global batch has a trained token),
+    ``lambda_shaping`` (the multiplier after ``penalty_cap``), ``capped``, ``penalty_abs_mean``, ``penalty_share``,
+    and this rank's shaped token advantages ``advantages`` (None when only measuring)."""
 
     def __init__(self, stats: SeqStats, seq_advantages: torch.Tensor | None, settings: DCGRPOSettings, lam: float,
                  eps: float) -> None:
@@ -189,7 +189,7 @@ class ShapedAdvantages:
         self.capped = False
         self.penalty_abs_mean = self.penalty_share = 0.0
         self.advantages: torch.Tensor | None = None
-        self._abs_adv = None if seq_advantages is None else np.abs(seq_advantages.detach().cpu().numpy())
+        self._abs_adv = None if seq_advantages is None else seq_advantages.detach().abs()
 
     def _skips_zero(self) -> bool:
         return self.seq_advantages is not None and self.settings.zero_advantage == "skip"
@@ -205,8 +205,8 @@ class ShapedAdvantages:
         totals.add("sum", "dcgrpo", [stats.num_seqs, stats.valid @ stats.mean(signal), stats.counts.sum(),
                                      stats.sum(signal).sum(), penalty.sum(), (stats.counts * adv).sum()])
 
-    def read(self, reduced: Mapping[str, list[float]]) -> None:
-        n_seqs, sum_seq_c, n_tokens, sum_c, sum_penalty, sum_adv = reduced["dcgrpo"]
+    def read(self, reduced: Reduced) -> None:
+        n_seqs, sum_seq_c, n_tokens, sum_c, sum_penalty, sum_adv = reduced["dcgrpo"].tolist()
         if n_tokens:
             self.discrepancy = sum_seq_c / n_seqs if self.settings.aggregation == "seq_mean" else sum_c / n_tokens
         if self.seq_advantages is None:

@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-import numpy as np
 import torch
 
+from . import host
 from .dist import Gather, local_gather
-from .seqstats import BatchTotals, Columns, SeqStats, Tokens, reduce_batch
+from .seqstats import BatchTotals, Columns, Reduced, SeqStats, Tokens, reduce_batch
 from .signals import SIGNAL_COLUMNS
 
 KINDS = ("mean", "max", "min", "total")
@@ -68,68 +68,79 @@ TOKEN_MEANS = {"training_log_ppl": "neg_lp_train", "rollout_log_ppl": "neg_lp_ro
 
 
 class SeqMetrics:
-    """Per-sequence metric values of one batch (numpy, on the host), in blocks ``(names, values [N, k])`` by how they
-    aggregate (mean, max, min, total), with the token rows of mean metrics that are token means. After the batch
-    reduction (:meth:`add_to` / :meth:`read`, or :meth:`summarize`) ``summary`` holds the batch values, plus
-    ``sequences``, ``valid_sequences`` (those with trained tokens) and any batch-only value a consumer adds (e.g. the
-    correction's diagnostics).
-    :meth:`per_sequence` gives the per-sequence values by name."""
+    """Per-sequence metric values of one batch (float64 tensors on the batch's device), in blocks
+    ``(names, values [N, k])`` by how they aggregate (mean, max, min, total), with the token rows of mean metrics that
+    are token means. After the batch reduction (:meth:`add_to` / :meth:`read`, or :meth:`summarize`) ``values`` holds
+    the batch values as 0-d tensors (on the device, or on the host if the reduction was fetched), plus ``sequences``,
+    ``valid_sequences`` (those with trained tokens) and any batch-only value a consumer adds (e.g. the correction's
+    diagnostics); :attr:`summary` gives them as floats. :meth:`per_sequence` gives the per-sequence values by name."""
 
     def __init__(self, stats: SeqStats, label: str) -> None:
         self.stats = stats
         self.label = label
-        self.blocks: dict[str, list[tuple[tuple[str, ...], np.ndarray]]] = {kind: [] for kind in KINDS}
+        self.blocks: dict[str, list[tuple[tuple[str, ...], torch.Tensor]]] = {kind: [] for kind in KINDS}
         self.rows: dict[str, torch.Tensor] = {}
-        self.summary: dict[str, float] = {}
+        self.values: dict[str, torch.Tensor] = {}
+        self.on_host = False
 
-    def add(self, kind: str, names: tuple[str, ...], values: np.ndarray,
+    def add(self, kind: str, names: tuple[str, ...], values: torch.Tensor,
             rows: Mapping[str, torch.Tensor] | None = None) -> None:
         """Add metrics ``names`` with per-sequence ``values`` (``[N, len(names)]``, or ``[N]`` for one name) and,
         for mean metrics that are token means, their token values ``rows``."""
-        values = np.asarray(values, dtype=np.float64).reshape(self.stats.num_seqs, len(names))
-        self.blocks[kind].append((names, values))
+        self.blocks[kind].append((names, values.reshape(self.stats.num_seqs, len(names)).double()))
         self.rows.update(rows or {})
 
     def names(self, kind: str) -> list[str]:
         """The names of the ``kind`` metrics, in order."""
         return [name for block, _ in self.blocks[kind] for name in block]
 
-    def _matrix(self, kind: str) -> np.ndarray:
-        return np.concatenate([values for _, values in self.blocks[kind]] or [np.zeros((self.stats.num_seqs, 0))],
-                              axis=1)
+    def _matrix(self, kind: str) -> torch.Tensor:
+        blocks = [values for _, values in self.blocks[kind]]
+        return torch.cat(blocks, 1) if blocks else self.stats.table.new_zeros(self.stats.num_seqs, 0)
 
     def per_sequence(self, kind: str) -> dict[str, torch.Tensor]:
         """The per-sequence values (``[N]`` tensors) of the ``kind`` metrics (one of :data:`KINDS`), by name."""
-        return {name: torch.from_numpy(values[:, k]) for names, values in self.blocks[kind]
-                for k, name in enumerate(names)}
+        return {name: values[:, k] for names, values in self.blocks[kind] for k, name in enumerate(names)}
 
     def add_to(self, totals: BatchTotals) -> None:
         """The counts of sequences and of valid ones, the sums of the mean metrics (0 for a sequence without trained
         tokens), the totals, and the maxima and (negated) minima over valid sequences (``-inf`` where there is none)."""
         valid = self.stats.valid
-        totals.add("sum", f"{self.label}.sums", np.concatenate(
-            [[self.stats.num_seqs, valid.sum()], valid @ self._matrix("mean"), self._matrix("total").sum(0)]))
-        extremes = np.concatenate([self._matrix("max"), -self._matrix("min")], axis=1)
+        totals.add("sum", f"{self.label}.sums", torch.cat([
+            valid.new_full((1,), float(self.stats.num_seqs)), valid.sum(0, keepdim=True),
+            valid @ self._matrix("mean"), self._matrix("total").sum(0)]))
+        extremes = torch.cat([self._matrix("max"), -self._matrix("min")], 1)
         if extremes.shape[1]:
-            masked = np.where(valid[:, None] > 0, extremes, -np.inf)
-            totals.add("max", f"{self.label}.extremes", np.max(masked, axis=0, initial=-np.inf))
+            masked = torch.where(valid[:, None] > 0, extremes, -math.inf)
+            totals.add("max", f"{self.label}.extremes", masked.amax(0) if self.stats.num_seqs else
+                       masked.new_full((extremes.shape[1],), -math.inf))
 
-    def read(self, reduced: Mapping[str, list[float]]) -> None:
+    def read(self, reduced: Reduced) -> None:
         """The batch values from the reduced totals (0 for a max / min without any valid sequence)."""
-        n_seqs, n_valid, *sums = reduced[f"{self.label}.sums"]
+        sums = reduced[f"{self.label}.sums"]
+        n_seqs, n_valid = sums[0], sums[1]
         means, totals = self.names("mean"), self.names("total")
-        self.summary.update({name: sums[k] / n_seqs if n_valid > 0 else 0.0 for k, name in enumerate(means)})
-        self.summary.update({name: sums[len(means) + k] for k, name in enumerate(totals)})
-        self.summary.update(sequences=n_seqs, valid_sequences=n_valid)
+        mean_values = torch.where(n_valid > 0, sums[2:2 + len(means)] / n_seqs, 0.0)
+        self.values.update(zip(means, mean_values.unbind(0)))
+        self.values.update(zip(totals, sums[2 + len(means):].unbind(0)))
+        self.values.update(sequences=n_seqs, valid_sequences=n_valid)
         maxima, minima = self.names("max"), self.names("min")
         if maxima or minima:
-            values = reduced[f"{self.label}.extremes"]
-            self.summary.update({name: v if v > -math.inf else 0.0 for name, v in zip(maxima, values)})
-            self.summary.update({name: -v if v > -math.inf else 0.0 for name, v in zip(minima, values[len(maxima):])})
+            extremes = reduced[f"{self.label}.extremes"]
+            found = extremes > -math.inf
+            self.values.update(zip(maxima, torch.where(found, extremes, 0.0)[:len(maxima)].unbind(0)))
+            self.values.update(zip(minima, torch.where(found, -extremes, 0.0)[len(maxima):].unbind(0)))
+        self.on_host = reduced.on_host
+
+    @property
+    def summary(self) -> dict[str, float]:
+        """The batch values as floats (one host transfer unless the reduction was fetched)."""
+        values = [v.item() for v in self.values.values()] if self.on_host else host.fetch(*self.values.values())
+        return dict(zip(self.values, values))
 
     def summarize(self, gather: Gather = local_gather) -> dict[str, float]:
-        """The batch values, reduced on their own by one ``gather`` over the data-parallel ranks."""
-        reduce_batch(gather, self)
+        """The batch values, reduced on their own by one ``gather`` over the data-parallel ranks and fetched."""
+        reduce_batch(gather, self, fetch=True)
         return self.summary
 
 
@@ -141,16 +152,17 @@ def mismatch_metrics(stats: SeqStats) -> SeqMetrics:
     means = {"training_log_ppl": training, "rollout_log_ppl": rollout, "log_ppl_diff": log_ppl_diff,
              "kl": log_ppl_diff, "k3_kl": stats.mean("k3"), "prob_diff_mean": stats.mean("prob_diff"),
              "logprob_abs_diff": stats.mean("log_diff")}
-    metrics.add("mean", tuple(means), np.stack(list(means.values()), axis=1), stats.token_rows(TOKEN_MEANS))
-    metrics.add("mean", ("log_ppl_abs_diff",), np.abs(log_ppl_diff))
+    metrics.add("mean", tuple(means), torch.stack(list(means.values()), 1), stats.token_rows(TOKEN_MEANS))
+    metrics.add("mean", ("log_ppl_abs_diff",), log_ppl_diff.abs())
     metrics.add("max", ("prob_diff_max", "log_ppl_diff_max"),
-                np.stack([np.maximum(stats.max("prob_diff"), 0.0), log_ppl_diff], axis=1))
+                torch.stack([stats.max("prob_diff").clamp_min(0.0), log_ppl_diff], 1))
     metrics.add("min", ("log_ppl_diff_min",), log_ppl_diff)
-    metrics.add("total", ("trained_tokens", "nonfinite_tokens"), np.stack([stats.counts, stats.sum("nonfinite")], 1))
+    metrics.add("total", ("trained_tokens", "nonfinite_tokens"), torch.stack([stats.counts, stats.sum("nonfinite")], 1))
     return metrics
 
 
-def broadcast_means(parts: Sequence[SeqMetrics], dropped: torch.Tensor | None = None) -> list[tuple[str, np.ndarray]]:
+def broadcast_means(parts: Sequence[SeqMetrics],
+                    dropped: torch.Tensor | None = None) -> list[tuple[str, torch.Tensor]]:
     """The mean metrics of ``parts`` whose token form is their per-sequence value at each token (see the module
     docstring), with those values; with ``dropped`` (see :func:`token_shaped`) every mean metric."""
     return [(name, values[:, k]) for part in parts for names, values in part.blocks["mean"]
@@ -170,9 +182,9 @@ def token_shaped(parts: Sequence[SeqMetrics], dtype: torch.dtype, broadcast: Map
            torch.where(dropped, broadcast[name], rows[name]) if dropped is not None and name in rows else
            broadcast[name] for part in parts for name in part.names("mean")}
     totals = {name for part in parts for name in part.names("total")} | {"sequences", "valid_sequences"}
-    constants = {name: value for part in parts for name, value in part.summary.items()
+    constants = {name: value for part in parts for name, value in part.values.items()
                  if name not in out and name not in totals}
     if constants:
-        values = torch.tensor(list(constants.values()), dtype=dtype, device=stats.batch.mask.device)
+        values = torch.stack(list(constants.values())).to(dtype)
         out.update(zip(constants, values.unsqueeze(1).expand(len(constants), stats.segments.num_tokens).unbind(0)))
     return out

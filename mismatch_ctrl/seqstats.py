@@ -15,11 +15,11 @@ and the IS weights touch tokens again, and they reuse the rows.
 
 Cost: the token work is a fixed number of tensor operations per column (one GPU kernel launch each; launches, not
 bandwidth, are what a hook costs at slime's micro-batch sizes) and a fixed number for all the reductions, whatever the
-number of sequences and, on a GPU, of tokens. The table itself is small (``N x K`` numbers), so it is copied to the
-host once and everything per sequence or per batch is numpy arithmetic there, which launches no kernels; the device
-sees per-sequence values again only where tokens need them (:meth:`~mismatch_ctrl.batch.Segments.expand`). On a CPU
-the price of millions of tokens per call is memory, so there the tokens go in cache-sized chunks
-(:data:`CHUNK_BYTES`, :data:`CHUNKED_DEVICES`).
+number of sequences and, on a GPU, of tokens. The table (``N x K`` numbers) and the batch numbers stay on the batch's
+device: everything per sequence and per batch is a few vectorised tensor operations there, and the host reads only
+the reduced batch numbers the controllers need, in one transfer, where a caller asks for it (:func:`reduce_batch`
+with ``fetch=True``; :mod:`mismatch_ctrl.host`). On a CPU the price of millions of tokens per call is memory, so there
+the tokens go in cache-sized chunks (:data:`CHUNK_BYTES`, :data:`CHUNKED_DEVICES`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Mapping, Protocol, Sequence
 
-import numpy as np
 import torch
 
+from . import host
 from .batch import BLOCK, Segments, TokenBatch
 from .dist import LOCAL, Gather, Reducers, local_gather
 
@@ -124,13 +124,13 @@ def default_chunk_tokens(device: torch.device, total: int, rows: int, element_si
 class SeqStats:
     """The per-sequence table of one batch, complete over context-parallel shards (see the module docstring).
 
-    ``table`` ``[N, K]`` (numpy float64, on the host) holds the sum columns, ``nonfinite`` (trained tokens dropped by
-    the non-finite guard), then the maximum columns (``-inf`` for a sequence without tokens); read them by name with
-    :meth:`sum` and :meth:`max`. ``rows`` keeps each column's token values on this shard, for token outputs.
+    ``table`` ``[N, K]`` (float64, on the batch's device) holds the sum columns, ``nonfinite`` (trained tokens dropped
+    by the non-finite guard), then the maximum columns (``-inf`` for a sequence without tokens); read them by name
+    with :meth:`sum` and :meth:`max`. ``rows`` keeps each column's token values on this shard, for token outputs.
     """
 
     def __init__(self, batch: TokenBatch, sum_names: Sequence[str], max_names: Sequence[str],
-                 rows: dict[str, torch.Tensor], table: np.ndarray) -> None:
+                 rows: dict[str, torch.Tensor], table: torch.Tensor) -> None:
         self.batch = batch
         self.segments: Segments = batch.segments
         self.rows = rows
@@ -139,9 +139,9 @@ class SeqStats:
         self.max_index = {name: len(self.index) + k for k, name in enumerate(max_names)}
         self.counts = self.sum("trained")
         """Trained tokens per sequence."""
-        self.denom = np.maximum(self.counts, 1.0)
+        self.denom = self.counts.clamp_min(1.0)
         """``max(counts, 1)``: the denominator of a per-sequence token mean."""
-        self.valid = (self.counts > 0).astype(np.float64)
+        self.valid = (self.counts > 0).double()
         """1.0 for sequences with trained tokens, else 0.0."""
 
     @classmethod
@@ -204,34 +204,37 @@ class SeqStats:
 
         summed = [name for stack in stacks for name in stack[0]]
         maxed = [name for stack in stacks for name in stack[2]]
-        values = []
-        if summed:
-            values.append(segments.combine_sums(joined("sum"), joined("sum_edges")))
-        if maxed:
-            values.append(segments.combine_maxima(joined("max"), joined("max_edges")))
-        host = _cat(values, 1).cpu().numpy()
-        found = dict(zip([("sum", name) for name in summed] + [("max", name) for name in maxed], host.T))
-        table = np.stack([found["sum", name] for name in sum_names] + [batch.nonfinite.cpu().numpy()] +
-                         [found["max", name] for name in max_names], axis=1)
+        columns = [segments.combine_sums(joined("sum"), joined("sum_edges")) if summed else None,
+                   batch.nonfinite.double().unsqueeze(1),
+                   segments.combine_maxima(joined("max"), joined("max_edges")).double() if maxed else None]
+        table = _cat([c for c in columns if c is not None], 1)
+        if not single:  # columns in the order of one chunk (``order``), so that every CP shard's table agrees
+            at = {name: k for k, name in enumerate([*summed, "nonfinite", *(f"max {name}" for name in maxed)])}
+            table = torch.cat([table[:, k:k + 1] for k in [at[name] for name in [*sum_names, "nonfinite"]] +
+                               [at[f"max {name}"] for name in max_names]], 1)
         if reducers.sharded:
-            gathered = reducers.seq(torch.from_numpy(table)).numpy()
-            table = np.concatenate([gathered[:, :, :len(sums) + 1].sum(0), gathered[:, :, len(sums) + 1:].max(0)],
-                                   axis=1)
+            gathered = reducers.seq(table)
+            table = torch.cat([gathered[:, :, :len(summed) + 1].sum(0), gathered[:, :, len(summed) + 1:].amax(0)], 1)
         return cls(batch, sum_names, max_names, rows, table)
 
     @property
     def num_seqs(self) -> int:
         return self.segments.num_seqs
 
-    def sum(self, name: str) -> np.ndarray:
+    def sum(self, name: str) -> torch.Tensor:
         """The per-sequence sum ``[N]`` of column ``name``."""
         return self.table[:, self.index[name]]
 
-    def mean(self, name: str) -> np.ndarray:
-        """The per-sequence token mean ``[N]`` of column ``name`` (``sum / max(count, 1)``)."""
-        return self.sum(name) / self.denom
+    @cached_property
+    def means(self) -> torch.Tensor:
+        """The per-sequence token means ``[N, S]`` of every sum column (one op for all)."""
+        return self.table[:, :len(self.index)] / self.denom.unsqueeze(1)
 
-    def max(self, name: str) -> np.ndarray:
+    def mean(self, name: str) -> torch.Tensor:
+        """The per-sequence token mean ``[N]`` of column ``name`` (``sum / max(count, 1)``)."""
+        return self.means[:, self.index[name]]
+
+    def max(self, name: str) -> torch.Tensor:
         """The per-sequence maximum ``[N]`` of column ``name`` (``-inf`` for a sequence without tokens)."""
         return self.table[:, self.max_index[name]]
 
@@ -239,9 +242,11 @@ class SeqStats:
         """``{key: token values of column}`` for the pairs of ``columns`` whose column's rows are still there."""
         return {key: self.rows[column] for key, column in columns.items() if column in self.rows}
 
-    def to_device(self, rows: Sequence[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
-        """Per-sequence host rows ``[k][N]`` as one ``[k, N]`` tensor on the batch's device."""
-        return torch.from_numpy(np.stack(rows)).to(self.batch.mask.device, dtype)
+    def at_tokens(self, rows: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per-sequence rows ``[N]`` broadcast to this shard's tokens, as ``[T]`` tensors of ``dtype``."""
+        if not rows:
+            return []
+        return list(self.segments.expand(torch.stack(list(rows)).to(dtype)).unbind(0))
 
 
 def _cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
@@ -252,36 +257,50 @@ def _cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
 class BatchTotals:
     """Named batch numbers of one hook call, reduced over the data-parallel ranks by one gather.
 
-    Each entry is a 1-D numpy array (several numbers under one name): ``sum`` entries are added over the ranks,
-    ``max`` entries maxed (a minimum is the maximum of the negated values). :meth:`reduce` returns every entry as a
-    list of floats.
+    Each entry is a 1-D float64 tensor on the batch's device (several numbers under one name), given as a tensor or as
+    a list of 0-d tensors and Python numbers: ``sum`` entries are added over the ranks, ``max`` entries maxed (a
+    minimum is the maximum of the negated values). :meth:`reduce` returns every entry as a 1-D float64 tensor: on the
+    device, or with ``fetch`` on the host, all entries in one transfer.
     """
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[str, np.ndarray]] = {}
+        self.entries: dict[str, tuple[str, torch.Tensor]] = {}
 
-    def add(self, op: str, name: str, values: np.ndarray | Sequence[float]) -> None:
-        """Add the entry ``name`` (``op`` ``"sum"`` or ``"max"``)."""
+    def add(self, op: str, name: str, values: torch.Tensor | Sequence[torch.Tensor | float],
+            device: torch.device | str = "cpu") -> None:
+        """Add the entry ``name`` (``op`` ``"sum"`` or ``"max"``); numbers of a list go to the device of its tensors
+        (or ``device`` if it has none)."""
         if name in self.entries:
             raise ValueError(f"batch total {name!r} added twice")
-        self.entries[name] = (op, np.asarray(values, dtype=np.float64).reshape(-1))
+        if not isinstance(values, torch.Tensor):
+            device = next((v.device for v in values if isinstance(v, torch.Tensor)), device)
+            values = torch.stack([v.double() if isinstance(v, torch.Tensor) else
+                                  torch.full((), float(v), dtype=torch.float64, device=device) for v in values])
+        self.entries[name] = (op, values.reshape(-1).double())
 
-    def reduce(self, gather: Gather = local_gather) -> dict[str, list[float]]:
-        """Every entry combined over the participants of ``gather``."""
+    def reduce(self, gather: Gather = local_gather, fetch: bool = False) -> Reduced:
+        """Every entry combined over the participants of ``gather``; on the host with ``fetch``."""
         order = sorted(self.entries.items(), key=lambda item: item[1][0] != "sum")
         if not order:
-            return {}
-        vector = np.concatenate([values for _, (_, values) in order])
+            return Reduced(on_host=fetch)
+        vector = _cat([values for _, (_, values) in order], 0)
         if gather is not local_gather:
-            n_sum = sum(values.size for _, (op, values) in order if op == "sum")
-            gathered = gather(torch.from_numpy(vector)).numpy()
-            vector = np.concatenate([gathered[:, :n_sum].sum(0), gathered[:, n_sum:].max(0)])
-        flat = vector.tolist()
-        out, start = {}, 0
-        for name, (_, values) in order:
-            out[name] = flat[start:start + values.size]
-            start += values.size
-        return out
+            n_sum = sum(values.numel() for _, (op, values) in order if op == "sum")
+            gathered = gather(vector)
+            vector = torch.cat([gathered[:, :n_sum].sum(0), gathered[:, n_sum:].amax(0)])
+        if fetch:
+            vector = torch.tensor(host.fetch(vector), dtype=torch.float64)
+        return Reduced(zip([name for name, _ in order], torch.split(vector, [v.numel() for _, (_, v) in order])),
+                       on_host=fetch)
+
+
+class Reduced(dict):
+    """The reduced batch numbers by entry name (1-D float64 tensors); ``on_host``: whether they were fetched to the
+    host (else they are on the batch's device)."""
+
+    def __init__(self, *args: object, on_host: bool) -> None:
+        super().__init__(*args)
+        self.on_host = on_host
 
 
 class BatchPart(Protocol):
@@ -289,16 +308,17 @@ class BatchPart(Protocol):
 
     def add_to(self, totals: BatchTotals) -> None: ...
 
-    def read(self, reduced: Mapping[str, list[float]]) -> None: ...
+    def read(self, reduced: Reduced) -> None: ...
 
 
-def reduce_batch(gather: Gather, *parts: BatchPart | None) -> dict[str, list[float]]:
-    """One gather for the batch numbers of every part (``None`` parts are skipped); each part then reads them."""
+def reduce_batch(gather: Gather, *parts: BatchPart | None, fetch: bool = False) -> Reduced:
+    """One gather for the batch numbers of every part (``None`` parts are skipped); each part then reads them, on the
+    device, or with ``fetch`` on the host (one transfer for all parts)."""
     totals = BatchTotals()
     present = [part for part in parts if part is not None]
     for part in present:
         part.add_to(totals)
-    reduced = totals.reduce(gather)
+    reduced = totals.reduce(gather, fetch)
     for part in present:
         part.read(reduced)
     return reduced

@@ -12,26 +12,26 @@ import itertools
 import math
 from typing import Sequence
 
-import numpy as np
 import torch
 
 LOW, HIGH, BINS = 1e-8, 1e2, 400
 
 
-def log_histogram(values: np.ndarray | torch.Tensor, weights: np.ndarray | None = None, low: float = LOW,
-                  high: float = HIGH, bins: int = BINS) -> np.ndarray:
-    """Counts ``[bins + 2]`` (underflow, bins, overflow) of non-negative ``values``, optionally weighted (host
-    arrays; the per-sequence values it bins are small)."""
-    values = np.asarray(values, dtype=np.float64)
-    position = np.floor((np.log(np.maximum(values, low * 0.5)) - math.log(low)) * (bins / math.log(high / low)))
-    index = np.where(values > high, bins + 1, np.clip(position, -1, bins - 1) + 1).astype(np.int64)
-    return np.bincount(index, weights=weights, minlength=bins + 2).astype(np.float64)
+def log_histogram(values: torch.Tensor, weights: torch.Tensor | None = None, low: float = LOW, high: float = HIGH,
+                  bins: int = BINS) -> torch.Tensor:
+    """Counts ``[bins + 2]`` (float64; underflow, bins, overflow) of non-negative finite ``values``, optionally
+    weighted, on the values' device (a fixed-size scatter: no host synchronisation)."""
+    values = values.double()
+    position = torch.floor((torch.log(values.clamp_min(low * 0.5)) - math.log(low)) * (bins / math.log(high / low)))
+    index = torch.where(values > high, bins + 1, position.clamp(-1, bins - 1) + 1).long()
+    weights = torch.ones_like(values) if weights is None else weights.to(values)
+    return values.new_zeros(bins + 2).index_add_(0, index, weights)
 
 
-def histogram_quantiles(counts: np.ndarray | Sequence[float], qs: list[float], low: float = LOW,
+def histogram_quantiles(counts: Sequence[float], qs: list[float], low: float = LOW,
                         high: float = HIGH) -> list[float]:
-    """Quantiles ``qs`` (in [0, 1]) of a :func:`log_histogram` (or of its counts summed over ranks); NaN for an
-    empty histogram."""
+    """Quantiles ``qs`` (in [0, 1]) of the counts of a :func:`log_histogram` (or of their sums over ranks), on the
+    host; NaN for an empty histogram."""
     per_bin = [float(c) for c in counts]
     bins = len(per_bin) - 2
     cum = list(itertools.accumulate(per_bin))

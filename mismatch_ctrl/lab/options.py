@@ -152,13 +152,12 @@ def quant_list(text: str) -> str:
 
 
 def device_name(text: str) -> str:
-    """``auto`` (cuda when torch finds a CUDA GPU, else cpu), ``cpu`` or ``cuda`` (refused without a CUDA GPU)."""
-    import torch
-
+    """``auto`` (resolved per policy by :func:`~mismatch_ctrl.lab.trainer.auto_device`), ``cpu`` or ``cuda``
+    (refused without a CUDA GPU)."""
     from .trainer import check_device
 
     if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return text
     try:
         check_device(text)
     except ValueError as exc:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import host
 from ..dist import LOCAL, Reducers, group_gather
 
 
@@ -75,7 +76,8 @@ def broadcast_from_last_stage(value: float) -> float:
         return value
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend(ps.get_pipeline_model_parallel_group()) == "nccl" else "cpu"
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend(ps.get_pipeline_model_parallel_group()) == "nccl" else torch.device("cpu")
+    t = host.to_device([value], device, torch.float64)
     dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
-    return float(t.item())
+    return host.fetch(t)[0]

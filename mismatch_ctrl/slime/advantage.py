@@ -6,7 +6,8 @@ sample). Extra list-valued keys of ``rollout_data`` are logged by slime as ``rol
 
 The body is :meth:`~mismatch_ctrl.controllers.ControllerSet.step`: one statistics table and one batch reduction for
 every metric and controller, so a rollout costs two collectives (a gather over the CP group, one over the DP group;
-one without the training log-probs).
+one without the training log-probs) and two host synchronisations (the input check and the controllers' read of the
+reduced batch numbers; :mod:`mismatch_ctrl.host`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import host
 from ..batch import Segments
 from ..errors import InputError
 from ._groups import topology
@@ -53,7 +55,7 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
 
     shapes = rollout_data.get("kl") or rollout_log_probs or []
     device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
+    reward_t = host.to_device(rewards, device, torch.float32)
     step = controllers.step(rollout_id, reward_t, batch, response_lengths,
                             max_response_length=getattr(args, "rollout_max_response_len", None),
                             reducers=topo.reducers)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ..batch import concat_ranges
 
@@ -30,7 +29,7 @@ def local_ranges(total_lengths: np.ndarray, response_lengths: np.ndarray, cp_ran
 
 
 def local_index(total_lengths: Sequence[int], response_lengths: Sequence[int], cp_rank: int,
-                cp_size: int) -> tuple[list[int], torch.Tensor]:
+                cp_size: int) -> tuple[list[int], np.ndarray]:
     """CP-local token count per sample and the index of each local token in the concatenated full responses
     (computed on the host from the Python lengths)."""
     total = np.asarray(total_lengths, dtype=np.int64).reshape(-1)
@@ -39,4 +38,4 @@ def local_index(total_lengths: Sequence[int], response_lengths: Sequence[int], c
     sizes = np.maximum(end - start, 0)
     offsets = np.cumsum(response) - response
     index = concat_ranges((start + offsets[:, None]).reshape(-1), sizes.reshape(-1))
-    return sizes.sum(axis=1).tolist(), torch.from_numpy(index)
+    return sizes.sum(axis=1).tolist(), index

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .. import host
 from ..errors import InputError
 from ..formatting import brief
 from .runtime import Runtime
@@ -106,7 +107,7 @@ def reward_list(rewards: Any, n: int) -> list[float]:
     if isinstance(rewards, torch.Tensor):
         if rewards.dim() != 1:
             raise InputError(f"rewards must hold one number per sample, got a tensor of shape {tuple(rewards.shape)}")
-        rewards = rewards.detach().double().cpu().tolist()
+        rewards = host.fetch(rewards)
     if not isinstance(rewards, (list, tuple)):
         raise InputError(f"rewards must be a list of numbers (one per sample), got {type(rewards).__name__}")
     if len(rewards) != n:
@@ -115,7 +116,7 @@ def reward_list(rewards: Any, n: int) -> list[float]:
     out = []
     for i, r in enumerate(rewards):
         if isinstance(r, torch.Tensor) and r.numel() == 1:
-            r = r.item()
+            (r,) = host.fetch(r)
         if isinstance(r, bool) or not isinstance(r, numbers.Real):
             raise InputError(f"rewards[{i}] must be a number, got {brief(r)}")
         try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
+from .. import host
 from ..batch import NonFinitePolicy, TokenBatch, flat_cat
 from ..errors import InputError
 from . import cp
@@ -22,6 +24,18 @@ class LocalLayout:
             self.sizes, self.index = list(self.response_lengths), None
         else:
             self.sizes, self.index = cp.local_index(total_lengths, response_lengths, topo.cp_rank, topo.cp_size)
+        self._device_index: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        """This rank's response tokens over all samples (CP-local)."""
+        return sum(self.sizes)
+
+    def _index_on(self, device: torch.device) -> torch.Tensor:
+        """The CP-local token index on ``device`` (uploaded once, without a host synchronisation)."""
+        if device not in self._device_index:
+            self._device_index[device] = host.to_device(np.asarray(self.index), device, torch.int64)
+        return self._device_index[device]
 
     def local_masks(self, loss_masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Full-length loss masks -> the CP-local slices, in the order of the CP-local log-probs."""
@@ -35,7 +49,7 @@ class LocalLayout:
         if self.index is None:
             return list(loss_masks)
         flat = flat_cat(loss_masks) if loss_masks else torch.zeros(0)
-        return list(torch.split(flat[self.index.to(flat.device)], self.sizes))
+        return list(torch.split(flat[self._index_on(flat.device)], self.sizes))
 
     def full_masks(self, loss_masks: Sequence[torch.Tensor], local_keep: torch.Tensor) -> list[torch.Tensor]:
         """Full-length masks with this rank's tokens replaced by ``local_keep``; other ranks' tokens are left as
@@ -47,7 +61,7 @@ class LocalLayout:
         if self.index is None:
             flat = keep
         else:
-            flat[self.index.to(flat.device)] = keep
+            flat[self._index_on(flat.device)] = keep
         return list(torch.split(flat, self.response_lengths))
 
     def check_local(self, name: str, tensors: Sequence[torch.Tensor]) -> None:
@@ -62,8 +76,11 @@ class LocalLayout:
                                  "the trainer and the rollout engine must score exactly the response tokens")
 
     def batch(self, train_log_probs: Sequence[torch.Tensor], rollout_log_probs: Sequence[torch.Tensor],
-              loss_masks: Sequence[torch.Tensor], nonfinite: NonFinitePolicy) -> TokenBatch:
-        """The core batch of CP-local log-probs and masks (lengths checked per sample, naming the sample)."""
+              loss_masks: Sequence[torch.Tensor], nonfinite: NonFinitePolicy,
+              watch: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None = None) -> TokenBatch:
+        """The core batch of CP-local log-probs and masks (lengths checked per sample, naming the sample); ``watch``
+        as in :meth:`~mismatch_ctrl.batch.TokenBatch.build`."""
         self.check_local("log_probs (training engine)", train_log_probs)
         self.check_local("rollout_log_probs", rollout_log_probs)
-        return TokenBatch.from_lists(train_log_probs, rollout_log_probs, self.local_masks(loss_masks), nonfinite)
+        return TokenBatch.from_lists(train_log_probs, rollout_log_probs, self.local_masks(loss_masks), nonfinite,
+                                     watch)

@@ -6,7 +6,10 @@ It returns ``(pg_loss, full-length masks, token-shaped metrics)``; slime logs ea
 per sample then over the batch, with the original masks. The hook changes no state.
 
 One call builds one statistics table (metrics and correction together) and makes two collectives: a gather over the
-CP group and one over the DP group, the latter for the batch values (means, diagnostics, batch normalisation). A DP
+CP group and one over the DP group, the latter for the batch values (means, diagnostics, batch normalisation). Its one
+host synchronisation is the input check (:meth:`~mismatch_ctrl.batch.TokenBatch.build`, which also reads whether
+``pg_loss`` is NaN/inf at a trained token); the table, the batch values, the weights and the metrics stay on the
+device (slime reduces the token-shaped metrics itself). A DP
 collective here is safe because every DP rank calls the hook equally often, in the same order, in every train step
 (slime 624b824a): ``build_dp_schedule`` gives every DP rank the same number of micro-batches per step
 (``slime/utils/dp_schedule.py:25-27``, ``num_mbs_per_rank = K // dp_size`` at :187-189 after aligning K to a multiple
@@ -29,6 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import host
+from ..batch import flat_cat
 from ..correction import CorrectionPlan, correction_columns
 from ..errors import InputError
 from ..metrics import METRIC_COLUMNS, TOKEN_COLUMNS, broadcast_means, mismatch_metrics, token_shaped
@@ -56,10 +61,14 @@ def rollout_correction(
     check_tis_inputs(pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths)
     topo = topology()
     layout = LocalLayout(total_lengths, response_lengths, topo)
-    batch = layout.batch(train_log_probs, rollout_log_probs, loss_masks, runtime.config.nonfinite)
-    if pg_loss.numel() != batch.segments.num_tokens:
-        raise InputError(f"pg_loss has {pg_loss.numel()} tokens but the samples' log-probs have "
-                         f"{batch.segments.num_tokens}")
+    loss = pg_loss.detach()
+    nonfinite_loss = (loss - loss).ne_(0)  # x - x is 0 for finite x, NaN for NaN and inf
+    if loss.numel() != layout.num_tokens:
+        raise InputError(f"pg_loss has {loss.numel()} tokens but the samples' responses have {layout.num_tokens} on "
+                         "this rank (response_lengths, context-parallel share); slime passes one loss per response "
+                         "token")
+    batch = layout.batch(train_log_probs, rollout_log_probs, loss_masks, runtime.config.nonfinite,
+                         watch=lambda mask: [nonfinite_loss.logical_and(mask > 0).sum()])
     spec = runtime.controllers.correction()
     columns = METRIC_COLUMNS | TOKEN_COLUMNS | (correction_columns(spec) if spec.active else Columns())
     stats = SeqStats.build(batch, columns, topo.reducers)
@@ -67,14 +76,13 @@ def rollout_correction(
     plan = CorrectionPlan(spec, stats) if spec.active else None
     reduce_batch(topo.reducers.batch, metrics, plan)
     dropped = None
-    if metrics.summary["nonfinite_tokens"] > 0:  # somewhere in the batch: rare, so the extra work is no concern
-        dropped = (torch.cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
+    if batch.dropped:  # this shard's guard dropped tokens: rare, so the extra work is no concern
+        dropped = (flat_cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
     parts = [metrics, plan.metrics] if plan is not None else [metrics]
     rows = plan.sequence_rows() if plan is not None else []
     broadcast = broadcast_means(parts, dropped)
     dtype = batch.mask.dtype
-    tokens = stats.segments.expand(stats.to_device([*rows, *(v for _, v in broadcast)], dtype)).unbind(0) \
-        if rows or broadcast else ()
+    tokens = stats.at_tokens([*rows, *(v for _, v in broadcast)], dtype)
     keep = batch.mask
     if plan is not None:
         correction = plan.finish(tokens[:len(rows)], token_outputs=True)
@@ -84,13 +92,14 @@ def rollout_correction(
         pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
     masks = layout.full_masks(loss_masks, keep) if plan is not None or dropped is not None else list(loss_masks)
     token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
-    loss = pg_loss.detach()
-    nonfinite_loss = (loss - loss).ne_(0).logical_and_(keep > 0)  # x - x is 0 for finite x, NaN for NaN and inf
-    count = int(nonfinite_loss.sum())
+    nonfinite_loss.logical_and_(keep > 0)
+    (count,) = batch.watched  # at the trained tokens; those of the final mask only where tokens left it
+    if count and (plan is not None or dropped is not None):
+        (count,) = host.fetch(nonfinite_loss.sum())
     if count:
-        runtime.warn_once("nonfinite_pg_loss", f"mismatch_ctrl: pg_loss is NaN/inf at {count} trained token(s) of "
-                                               "this micro-batch (finite log-probs of both engines there): slime's "
-                                               "loss and gradients will be NaN; counted in "
+        runtime.warn_once("nonfinite_pg_loss", f"mismatch_ctrl: pg_loss is NaN/inf at {int(count)} trained token(s) "
+                                               "of this micro-batch (finite log-probs of both engines there): "
+                                               "slime's loss and gradients will be NaN; counted in "
                                                "train/mismatch_ctrl/nonfinite_pg_loss_fraction (check the learning "
                                                "rate and the policy's logits)")
     token_metrics["nonfinite_pg_loss_fraction"] = nonfinite_loss.to(dtype)

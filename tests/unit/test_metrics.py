@@ -75,7 +75,7 @@ def test_token_shaped_metrics_average_back_to_the_summary(raw):
     batch = raw.token_batch()
     metrics = mismatch_metrics(batch)
     broadcast = broadcast_means([metrics])
-    expanded = batch.segments.expand(metrics.stats.to_device([v for _, v in broadcast], torch.float32)).unbind(0)
+    expanded = metrics.stats.at_tokens([v for _, v in broadcast], torch.float32)
     shaped = token_shaped([metrics], torch.float32, dict(zip((name for name, _ in broadcast), expanded)))
     summary = metrics.summary
     assert set(shaped) == NAMES - {"trained_tokens", "nonfinite_tokens"}

@@ -78,7 +78,7 @@ def test_batch_totals_add_sums_and_take_maxima_over_ranks_in_one_gather():
         totals = BatchTotals()
         totals.add("sum", "counts", [r, 10.0 * r])
         totals.add("max", "top", [float(r), -float(r)])  # the second entry is a minimum, negated
-        return totals.reduce(group.gather(r))
+        return {name: values.tolist() for name, values in totals.reduce(group.gather(r)).items()}
 
     for reduced in run_ranks(3, rank, [group]):
         assert reduced == {"counts": [3.0, 30.0], "top": [2.0, 0.0]}
@@ -111,7 +111,7 @@ def hook_core(batch: TokenBatch) -> int:
         reduce_batch(local_gather, metrics, plan)
         broadcast = broadcast_means([metrics, plan.metrics])
         rows = plan.sequence_rows()
-        tokens = stats.segments.expand(stats.to_device([*rows, *(v for _, v in broadcast)], torch.float32)).unbind(0)
+        tokens = stats.at_tokens([*rows, *(v for _, v in broadcast)], torch.float32)
         plan.finish(tokens[:len(rows)], token_outputs=True)
         token_shaped([metrics, plan.metrics], torch.float32, dict(zip((n for n, _ in broadcast), tokens[len(rows):])))
         stats = SeqStats.build(batch, METRIC_COLUMNS | shaping_columns(settings, 0.005))
@@ -186,10 +186,10 @@ def test_metrics_without_token_rows_are_broadcast():
     reduce_batch(local_gather, metrics)
     broadcast = broadcast_means([metrics])
     assert {name for name, _ in broadcast} == set(metrics.names("mean"))
-    tokens = batch.segments.expand(metrics.stats.to_device([v for _, v in broadcast], torch.float32)).unbind(0)
+    tokens = metrics.stats.at_tokens([v for _, v in broadcast], torch.float32)
     shaped = token_shaped([metrics], torch.float32, dict(zip((name for name, _ in broadcast), tokens)))
     for name, values in metrics.per_sequence("mean").items():
         means = [float((x * m).sum() / m.sum().clamp_min(1)) for x, m in zip(batch.segments.split(shaped[name]),
                                                                             batch.segments.split(batch.mask))]
-        np.testing.assert_allclose(means, values.numpy() * metrics.stats.valid, rtol=1e-5,
+        np.testing.assert_allclose(means, (values * metrics.stats.valid).numpy(), rtol=1e-5,
                                    atol=1e-6, err_msg=name)

@@ -1,0 +1,150 @@
+"""What one call of each slime hook costs on a CUDA GPU: host synchronisations and time, against one pass.
+
+- **host syncs**: synchronisations the CUDA runtime reports during one call (``torch.cuda.set_sync_debug_mode``),
+  for two batch sizes of each case: the count must not grow with the number of sequences.
+- **time**: median wall time of one call, the device synchronised before and after (what the call holds up the
+  training step), over ``--repeats`` calls after warm-up calls; next to one **pass** over the same log-probs,
+  ``(exp(a) - exp(b)).abs().sum()``, the least any hook must read.
+
+Cases (slime-shaped inputs on the GPU, as the hooks receive them; lengths uniform in the range):
+
+- TIS hook, Geo-MIS (``configs/methods/geo_mis.yaml``), 8 responses of 1k-4k tokens (~22k) and 64 of 100-600;
+- TIS hook, slime's ``examples/train_infer_mismatch_helper/mis.yaml`` settings, 64 responses of 1k-8k (~290k);
+- advantage hook, DC-GRPO with every mismatch metric and the surge detector, 512 responses of 1k-8k (~2.3M), a
+  whole rollout of one data-parallel rank.
+
+Targets (issue 22): the TIS hook at most 1 sync and 0.5 ms at 22k tokens, the advantage hook at most 2 syncs and
+1.5 ms at 2.3M tokens, both constant in the number of sequences. Without CUDA it says so and exits 0 (``make
+bench`` runs it everywhere).
+
+    python benchmarks/bench_gpu.py                       # every case
+    python benchmarks/bench_gpu.py --json report.json    # also write the numbers as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # benchmarks/ is on the path
+
+SLIME_MIS = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",
+                 tis_lower_bound=0.5, tis_upper_bound=2.0, rs_lower_bound=None, rs_upper_bound=None,
+                 rs_veto_threshold=1.0e-4, tis_batch_normalize=True)
+"""slime 624b824a ``examples/train_infer_mismatch_helper/mis.yaml`` (our reading of its keys, tests/unit)."""
+SECTIONS = {
+    "Geo-MIS": {"name": "geo_mis", "correction": {"preset": "geo_mis"}},
+    "slime mis.yaml": {"name": "slime_mis", "correction": SLIME_MIS},
+    "DC-GRPO": {"name": "dcgrpo", "dcgrpo": {"enabled": True}},
+}
+CASES = [
+    # hook, settings, (responses, min length, max length) for the timed batch, responses of the second sync count
+    ("tis", "Geo-MIS", (8, 1000, 4000), 64),
+    ("tis", "Geo-MIS", (64, 100, 600), 8),
+    ("tis", "slime mis.yaml", (64, 1000, 8000), 8),
+    ("advantages", "DC-GRPO", (512, 1000, 8000), 64),
+]
+TARGETS = {"tis": {"syncs": 1, "ms": 0.5, "tokens": 22_000}, "advantages": {"syncs": 2, "ms": 1.5, "tokens": 2_300_000}}
+"""Issue 22's targets; the time target applies at (about) its token count."""
+
+
+def on_gpu(view: dict[str, Any]) -> dict[str, Any]:
+    return {key: [t.cuda() for t in value] if value and isinstance(value[0], torch.Tensor) else value
+            for key, value in view.items()}
+
+
+def hook(kind: str, settings: str, seqs: int, min_len: int, max_len: int, seed: int) -> tuple[Callable, int, Callable]:
+    """The call of one case (runtime created, warmed up), its token count, and one pass over its log-probs."""
+    view = on_gpu(local_view(make_rollout(seqs, min_len, max_len, seed), list(range(seqs))))
+    args = make_args(SECTIONS[settings])
+    call = (advantage_call if kind == "advantages" else tis_call)(args, view)
+    a, b = torch.cat(view["log_probs"]), torch.cat(view["rollout_log_probs"])
+    for _ in range(3):
+        call()
+    return call, a.numel(), lambda: (torch.exp(a) - torch.exp(b)).abs().sum()
+
+
+def syncs(call: Callable[[], object]) -> int:
+    """Host synchronisations the CUDA runtime reports during one call."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``call``, the device synchronised before and after each."""
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(samples)
+
+
+def measure(repeats: int, seed: int) -> list[dict[str, Any]]:
+    rows = []
+    for kind, settings, (seqs, min_len, max_len), other in CASES:
+        call, tokens, one_pass = hook(kind, settings, seqs, min_len, max_len, seed)
+        other_call, _, _ = hook(kind, settings, other, min_len, max_len, seed + 1)
+        row = {"hook": kind, "settings": settings, "responses": seqs, "lengths": [min_len, max_len], "tokens": tokens,
+               "syncs": syncs(call), "syncs_other": syncs(other_call), "responses_other": other,
+               "ms": median_ms(call, repeats), "pass_ms": median_ms(one_pass, repeats)}
+        target = TARGETS[kind]
+        row["syncs_ok"] = row["syncs"] <= target["syncs"] and row["syncs"] == row["syncs_other"]
+        row["ms_target"] = target["ms"] if abs(tokens - target["tokens"]) <= 0.2 * target["tokens"] else None
+        rows.append(row)
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{'hook':11s}{'settings':16s}{'responses':>10s}{'tokens':>11s}{'syncs':>7s}{'(other N)':>12s}"
+             f"{'ms/call':>9s}{'1 pass':>8s}{'passes':>8s}  verdict"]
+    for r in rows:
+        verdicts = [f"syncs <= {TARGETS[r['hook']]['syncs']} and constant: {'pass' if r['syncs_ok'] else 'FAIL'}"]
+        if r["ms_target"] is not None:
+            verdicts.append(f"<= {r['ms_target']} ms: {'pass' if r['ms'] <= r['ms_target'] else 'FAIL'}")
+        lines.append(f"{r['hook']:11s}{r['settings']:16s}{r['responses']:10d}{r['tokens']:11,d}{r['syncs']:7d}"
+                     f"{str(r['syncs_other']) + ' @' + str(r['responses_other']):>12s}{r['ms']:9.3f}"
+                     f"{r['pass_ms']:8.3f}{r['ms'] / r['pass_ms']:8.1f}  {'; '.join(verdicts)}")
+    return lines
+
+
+def main() -> None:
+    summary, details = __doc__.split("\n\n", 1)
+    parser = argparse.ArgumentParser(description=summary, epilog=details,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per case (default 20)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the device and the rows to this JSON file")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gpu: no CUDA GPU here: host syncs and GPU time not measured (run it on a GPU machine, e.g. "
+              "`make gpu-check`)")
+        return
+    logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
+    device = torch.cuda.get_device_name()
+    print(f"bench_gpu  {device}  torch {torch.__version__} (CUDA {torch.version.cuda})")
+    rows = measure(args.repeats, args.seed)
+    print("\n".join(report(rows)))
+    if args.json:
+        args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

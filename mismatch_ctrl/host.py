@@ -1,0 +1,67 @@
+"""Host <-> device transfers: the only way a hook's tensor that may live on a GPU reaches the host, and host data the
+device.
+
+slime hands the hooks CUDA tensors. Reading one on the host (``.tolist()``, ``.item()``, ``float(t)``, ``bool(t)``)
+waits for every kernel queued before it: a host synchronisation, which stalls the CPU that should be queueing
+Megatron's next kernels; ``numpy()`` of a CUDA tensor is an error. So the core reads the device through
+:func:`fetch` alone, a fixed few times per hook call, every number it needs at once; host data (sequence lengths,
+rewards, index layouts) reaches the device through :func:`to_device`, from pinned memory without waiting.
+:class:`~mismatch_ctrl.hostguard.HostGuard` runs code on the CPU as if its tensors lived on a GPU: it counts these
+two calls and refuses every other transfer, so a CPU-only test finds what a GPU would refuse or wait for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+_listeners: list[Callable[[str], None]] = []
+"""Called with ``"fetch"`` or ``"upload"`` at each transfer (:class:`~mismatch_ctrl.hostguard.HostGuard` counts)."""
+_depth = 0
+
+
+def transferring() -> bool:
+    """Whether the caller runs inside :func:`fetch` or :func:`to_device`."""
+    return _depth > 0
+
+
+@contextlib.contextmanager
+def _transfer(kind: str) -> Iterator[None]:
+    global _depth
+    for listener in list(_listeners):
+        listener(kind)
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+
+
+def fetch(*tensors: torch.Tensor) -> list[float]:
+    """The values of ``tensors`` (any shapes, flattened in order) as Python floats, in one device-to-host transfer:
+    one host synchronisation on a GPU, none on a CPU. Integers are exact up to 2^53."""
+    with _transfer("fetch"):
+        if not tensors:
+            return []
+        if len(tensors) == 1:
+            values = tensors[0].reshape(-1)
+        elif all(t.dim() == 0 for t in tensors):
+            values = torch.stack(tensors)  # one op, promoting to a common dtype
+        else:
+            values = torch.cat([t.reshape(-1) for t in tensors])
+        return values.to(torch.float64).tolist()
+
+
+def to_device(data: np.ndarray | Sequence[float] | torch.Tensor, device: torch.device,
+              dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host ``data`` (an array, a list of numbers or a CPU tensor) as a tensor of ``dtype`` on ``device``, without a
+    host synchronisation: on CUDA through pinned memory and a non-blocking copy (PyTorch keeps the pinned block
+    until the copy is done); elsewhere a copy on the host."""
+    with _transfer("upload"):
+        host = torch.as_tensor(data, dtype=dtype)
+        if torch.device(device).type != "cuda":
+            return host.to(device, copy=True)
+        return host.pin_memory().to(device, non_blocking=True)
