@@ -233,6 +233,51 @@ def _check_combination(config: Config) -> None:
                           f"correction (preset {config.correction_preset!r}) or disable acrl")
 
 
+EPS_AUTO_FACTOR_WARN = 10.0
+"""An ``eps_auto_factor`` above this sets a budget a working stack's ``C_bar`` rarely reaches (floors of FP8 MoE
+rollouts span about 1e-3 to 2e-2): DC-GRPO would rarely act [ours]."""
+
+
+def inert_settings(config: Config, num_rollout: int | None = None) -> tuple[list[str], list[str]]:
+    """``(errors, warnings)``: settings that would leave a controller or a guard inert, over a run of ``num_rollout``
+    rollouts when given. An error is a controller that would never act (DC-GRPO calibrating ``eps: auto`` or ACRL
+    its reference for the whole run); a warning a guard or schedule that could not or would rarely act (the
+    infeasible-budget guard's floor window, the drift guard's streak, the LR decay's period, an ``eps_auto_factor``
+    far above the floor). One rule for ``mismatch-ctrl check-config``, the launchers' ``--dry-run`` and slime's
+    ``on_megatron_init``, so the first two refuse what the third would, before a cluster starts. (Values that are
+    never valid, an ``eps_auto_factor`` at or below 1 among them, are refused when the config is read.)"""
+    errors, warnings = [], []
+    d, a, period = config.dcgrpo, config.acrl, config.lr_decay.period
+    if d.enabled and d.eps_auto_factor > EPS_AUTO_FACTOR_WARN:
+        warnings.append(f"{ROOT_KEY}.dcgrpo.eps_auto_factor = {d.eps_auto_factor:g}: eps is set to that many times the "
+                        f"measured floor (eps: auto, the floor guard, the drift guard); above {EPS_AUTO_FACTOR_WARN:g} "
+                        "C_bar rarely reaches the budget and DC-GRPO rarely acts (the default is 1.1)")
+    if num_rollout is None:
+        return errors, warnings
+    run = f"--num-rollout is {num_rollout}"
+    if d.enabled and d.penalty_form != "fixed":
+        auto = d.eps == "auto"
+        if auto and d.calibration_rollouts >= num_rollout:
+            errors.append(f"{ROOT_KEY}.dcgrpo.calibration_rollouts = {d.calibration_rollouts} with eps: auto, but {run}: "
+                          "DC-GRPO would calibrate for the whole run and never shape an advantage; lower "
+                          "calibration_rollouts or give eps a number")
+        elif not auto and d.eps_guard == "clamp" and d.floor_rollouts >= num_rollout:
+            warnings.append(f"{ROOT_KEY}.dcgrpo.floor_rollouts = {d.floor_rollouts} but {run}: the infeasible-budget "
+                            "guard would never measure the floor it checks eps against")
+        start = d.calibration_rollouts if auto else 0
+        if d.drift_guard != "off" and start < num_rollout <= start + d.drift_window:
+            warnings.append(f"{ROOT_KEY}.dcgrpo.drift_window = {d.drift_window} but {run}"
+                            f"{f' and eps: auto calibrates for {start}' if auto else ''}: the drift guard could never "
+                            "complete a streak (lower drift_window, or drift_guard: off to say so)")
+    if a.enabled and a.reference is None and a.calibration_rollouts >= num_rollout:
+        errors.append(f"{ROOT_KEY}.acrl.calibration_rollouts = {a.calibration_rollouts} without a reference, but {run}: "
+                      "ACRL would measure its reference for the whole run and never move its band; lower "
+                      "calibration_rollouts or give acrl.reference")
+    if config.lr_decay.enabled and isinstance(period, int) and period >= num_rollout:
+        warnings.append(f"{ROOT_KEY}.lr_decay.period = {period} but {run}: the learning rate never halves in this run")
+    return errors, warnings
+
+
 def merge_sections(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """Deep merge; ``None`` in ``override`` keeps the base value (``eps: null`` means "the default")."""
     out = dict(base)

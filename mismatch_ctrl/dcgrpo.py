@@ -144,8 +144,11 @@ class DCGRPOSettings:
             out.append(("calibration_rollouts", f"must be >= 1, got {self.calibration_rollouts}"))
         if self.floor_rollouts < 1:
             out.append(("floor_rollouts", f"must be >= 1, got {self.floor_rollouts}"))
-        if not self.eps_auto_factor > 0:
-            out.append(("eps_auto_factor", f"must be > 0, got {self.eps_auto_factor}"))
+        if not self.eps_auto_factor > 1:
+            out.append(("eps_auto_factor", f"must be > 1, got {self.eps_auto_factor}: eps is set to factor x the "
+                                           "measured discrepancy floor (eps: auto, the floor guard's clamp, the drift "
+                                           "guard's lift); at or below the floor the budget is infeasible and lambda "
+                                           "climbs to lambda_max"))
         if self.drift_window < 2:
             out.append(("drift_window", f"must be >= 2 (the guard compares the two halves of the window), got "
                                         f"{self.drift_window}"))
@@ -250,6 +253,16 @@ def shape_advantages(stats: SeqStats, seq_advantages: torch.Tensor | None, setti
     return ShapedAdvantages(stats, seq_advantages, settings, lam, eps)
 
 
+def budget(value: Any) -> float:
+    """A state check: an ``eps`` in ``(0, EPS_MAX)`` (a state file's eps outside it is corrupt or hand-edited: a budget
+    of 1 or more keeps DC-GRPO off)."""
+    out = positive(value)
+    if not out < EPS_MAX:
+        raise ValueError(f"must be < {EPS_MAX:g} (|p_train - p_rollout| <= 1: a budget of {EPS_MAX:g} or more keeps "
+                         f"DC-GRPO off), got {out:g}")
+    return out
+
+
 class LagrangeController:
     """The multiplier ``lambda`` and the budget ``eps`` of DC-GRPO, updated once per rollout by dual ascent.
 
@@ -335,6 +348,7 @@ class LagrangeController:
         self.eps, self.lam = lifted, float(s.lambda_0)
         self.lifts += 1
         self.streak.clear()
+        self._warn_if_no_budget("the drift guard's lift")
 
     def _set_floor(self, floor: float) -> None:
         s = self.settings
@@ -344,6 +358,7 @@ class LagrangeController:
             self.lam = float(s.lambda_0)
             log.info("DC-GRPO eps calibrated: eps = %.3g x median C_bar %.4g = %.4g", s.eps_auto_factor, floor,
                      self.eps)
+            self._warn_if_no_budget("eps: auto")
         elif self.eps < floor:
             clamped = s.eps_auto_factor * floor
             log.warning(
@@ -354,10 +369,18 @@ class LagrangeController:
             )
             if s.eps_guard == "clamp":
                 self.eps = clamped
+                self._warn_if_no_budget("the infeasible-budget guard")
 
-    STATE = {"lam": number, "eps": optional(nonnegative), "eps_setting": either(literal("auto"), positive),
-             "observed": list_of(number), "floor": optional(number), "rollouts": count, "skipped": count,
-             "streak": list_of(number), "lifts": count}
+    def _warn_if_no_budget(self, source: str) -> None:
+        if self.eps >= EPS_MAX:
+            log.warning("DC-GRPO eps = %.4g (set by %s) is no budget (>= %g): the rollout engine's discrepancy is that "
+                        "of a broken engine, and DC-GRPO cannot act; check the engine with mismatch-ctrl analyze (a "
+                        "resume refuses this state: state.resume: fresh starts the controllers afresh)", self.eps,
+                        source, EPS_MAX)
+
+    STATE = {"lam": number, "eps": optional(budget), "eps_setting": either(literal("auto"), budget),
+             "observed": list_of(nonnegative), "floor": optional(nonnegative), "rollouts": count, "skipped": count,
+             "streak": list_of(nonnegative), "lifts": count}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""

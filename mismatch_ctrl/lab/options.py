@@ -31,8 +31,8 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
                  "quant": "temp1.003,e4m3,e5m2,int4,nvfp4,temp1.3", "steps": 120, "seeds": (0, 1, 2, 3, 4)},
     "offpolicy": {"methods": "grpo@none,grpo,grpo+r3,token_tis", "quant": "e4m3,nvfp4", "steps": 120,
                   "num_steps_per_rollout": 4, "seeds": tuple(range(10))},
-    "gpu-moe": {"policy": "moe-large", "quant": "none,e4m3,nvfp4", "seeds": (0, 1, 2, 3, 4),
-                "methods": "grpo,grpo+r3,token_tis,dcgrpo"},
+    "gpu-moe": {"policy": "moe-large", "quant": "nvfp4", "methods": "grpo@none,grpo,grpo+r3", "steps": 120,
+                "num_steps_per_rollout": 4, "seeds": tuple(range(40, 48))},
 }
 """Named settings (``--preset``); explicit flags override them. ``demo``: ``make demo``. ``demo-seeds``: the same
 comparison over 5 seeds (the README's evidence). ``e5m2-edge``: the setting of the
@@ -52,9 +52,12 @@ moved away from), GRPO with and without R3 and token TIS on the e4m3 and NVFP4 e
 seeds (70 runs, ~25 min on 2 cores); rerun with ``--num-steps-per-rollout 1`` into another ``--out`` for the
 on-policy baseline and compare the two with ``benchmarks/lab_interaction.py``.
 
-``gpu-moe``: for a GPU machine (``--device auto`` picks it): the 5.3M-parameter ``moe-large`` policy, GRPO with and
-without R3, token TIS and DC-GRPO on the exact, e4m3 and nvfp4 engines, 5 seeds. Not run here (no GPU); its warm-up
-uses the add task's preset, untuned for this size."""
+``gpu-moe``: the CPU lab's off-policy finding at 50x the parameters, for one GPU (``--device auto`` runs the
+5.3M-parameter ``moe-large`` on CUDA): the exact engine, GRPO and GRPO + R3 on the NVFP4 engine at K = 4 optimizer
+steps per rollout, 120 rollouts, seeds 40-47 (24 runs; ``--jobs`` concurrent runs share the GPU, one process each).
+Its warm-up trains at lr 5e-4 (``lab.warmup.POLICY_WARMUP``). Sized for one 10-minute command on an H100/H200 from
+the one measurement there (four concurrent runs of 30 rollouts in 20-24 s each); not yet run (``make gpu-check``
+runs two seeds of it and reports rollouts/s)."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):

@@ -63,6 +63,9 @@ def check_tis_inputs(pg_loss: Any, train_log_probs: Any, rollout_log_probs: Any,
     if not isinstance(pg_loss, torch.Tensor) or pg_loss.dim() != 1:
         raise InputError(f"pg_loss must be slime's flat per-token loss tensor, got "
                          f"{type(pg_loss).__name__}{getattr(pg_loss, 'shape', '')}")
+    if not pg_loss.is_floating_point():
+        raise InputError(f"pg_loss must hold slime's floating-point per-token loss, got dtype {pg_loss.dtype}: "
+                         "weighting it would truncate the weights (check which tensor was passed)")
     n = check_lengths(total_lengths, response_lengths)
     if rollout_log_probs is None:
         raise InputError("rollout_log_probs is None: the TIS hook compares the rollout engine's log-probs with the "
@@ -71,6 +74,9 @@ def check_tis_inputs(pg_loss: Any, train_log_probs: Any, rollout_log_probs: Any,
     for name, value in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs),
                         ("loss_masks", loss_masks)):
         check_tensor_list(name, value, n)
+    if n and train_log_probs[0].device != pg_loss.device:
+        raise InputError(f"pg_loss is on {pg_loss.device} but train_log_probs of sample 0 is on "
+                         f"{train_log_probs[0].device}: slime passes every tensor of the loss on the training device")
 
 
 def check_lengths(total_lengths: Any, response_lengths: Any) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, build_config, required_section
+from ..config import Config, build_config, inert_settings, required_section
 from ..controllers import ControllerSet
 from ..errors import ConfigError, StateError
 from ..formatting import brief
@@ -191,15 +191,12 @@ def check_slime_args(args: Any, config: Config) -> None:
         if min_lr is not None and not (_finite(min_lr) and min_lr >= 0):
             raise ConfigError(f"lr_decay scales --min-lr, which must be a finite number >= 0, got {brief(min_lr)}")
     rollouts = getattr(args, "num_rollout", None)
-    if isinstance(rollouts, int) and not isinstance(rollouts, bool):
-        d, period = config.dcgrpo, config.lr_decay.period
-        if d.enabled and d.eps == "auto" and d.penalty_form != "fixed" and d.calibration_rollouts >= rollouts:
-            raise ConfigError(f"mismatch_ctrl.dcgrpo.calibration_rollouts = {d.calibration_rollouts} with eps: auto, "
-                              f"but --num-rollout is {rollouts}: DC-GRPO would calibrate for the whole run and never "
-                              "shape an advantage; lower calibration_rollouts or give eps a number")
-        if config.lr_decay.enabled and isinstance(period, int) and period >= rollouts:
-            log.warning("mismatch_ctrl: lr_decay.period = %d but --num-rollout is %d: the learning rate never halves "
-                        "in this run", period, rollouts)
+    errors, warnings = inert_settings(config, rollouts if isinstance(rollouts, int) and
+                                      not isinstance(rollouts, bool) and rollouts > 0 else None)
+    if errors:
+        raise ConfigError(errors[0])
+    for warning in warnings:
+        log.warning("mismatch_ctrl: %s", warning)
     if config.lr_decay.enabled and getattr(args, "decoupled_lr", None) is not None:
         raise ConfigError("lr_decay with --decoupled-lr is not supported: the decoupled param groups cannot be told "
                           "apart in megatron-core 0.16 param groups")

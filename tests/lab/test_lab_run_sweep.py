@@ -371,7 +371,8 @@ def test_a_run_reports_start_steps_and_its_warnings_as_events_and_returns_its_fi
     assert [e for e in events if e[0] == "step"] == [("step", key, 1)] * 5
     warned = [e[2] for e in events if e[0] == "warn"]
     assert all(e[1] == key for e in events)
-    assert len(warned) == 1 and "below the rollout engine's discrepancy floor" in warned[0]
+    assert len(warned) == 2 and "below the rollout engine's discrepancy floor" in warned[1]
+    assert "drift_window = 10 but --num-rollout is 5" in warned[0]  # the hook's init: a 5-rollout run
     assert {"run.json", "metrics.jsonl"} <= set(files) and any(name.startswith("state/") for name in files)
     assert len(files["metrics.jsonl"].decode().splitlines()) == 5 and summary["label"] == key[0]
 

@@ -256,7 +256,8 @@ def test_cli_refuses_cuda_without_a_gpu_and_auto_picks_cpu(tmp_path, monkeypatch
         cli.main(["lab", "--device", "cuda", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "argument --device: cuda requested but torch finds no CUDA GPU" in capsys.readouterr().err
-    assert cli.build_parser().parse_args(["lab"]).device == "cpu"
+    assert cli.build_parser().parse_args(["lab"]).device == "auto"
+    assert cli.lab_plan(cli.build_parser().parse_args(["lab", "--preset", "gpu-moe"]))[1].device == "cpu"
     settings = LabSettings(device="cuda", policy="dense")  # a GPU run's settings still read back (--report-only)
     with pytest.raises(ValueError, match="device: cuda requested"):
         Trainer(RunSpec.parse("grpo", "e4m3"), settings, random_policy_state(), tmp_path)
@@ -311,3 +312,15 @@ def test_a_blown_up_policy_is_reported_collapsed_not_a_sampler_traceback(tmp_pat
     assert all(r["response_length"] == 1.0 for r in rows)
     assert summary["engine_nonfinite_fraction"] == 1.0 and summary["collapse_step"] == 0
     assert all(math.isfinite(v) for v in summary.values() if isinstance(v, float)), summary
+
+
+def test_auto_runs_only_a_large_policy_on_cuda(monkeypatch):
+    """``--device auto``: CUDA for a policy of at least CUDA_MIN_PARAMETERS when torch finds a GPU, else the CPU."""
+    from mismatch_ctrl.lab.trainer import CUDA_MIN_PARAMETERS, auto_device
+
+    assert auto_device("moe-large", "add") == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    sizes = {kind: TinyPolicy(PolicyConfig.of_kind(kind, make_task("add"))).num_parameters()
+             for kind in ("dense", "moe", "moe-large")}
+    assert sizes["moe-large"] >= CUDA_MIN_PARAMETERS > max(sizes["moe"], sizes["dense"])
+    assert {kind: auto_device(kind, "add") for kind in sizes} == {"dense": "cpu", "moe": "cpu", "moe-large": "cuda"}

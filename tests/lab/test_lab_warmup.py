@@ -114,3 +114,10 @@ def test_failed_write_leaves_no_file_and_unreadable_cache_is_retrained(tmp_path,
     result = warmup_policy(tiny(), cache_dir=tmp_path, log=messages.append)
     assert not result.from_cache and any("unreadable" in m for m in messages)
     assert warmup_policy(tiny(), cache_dir=tmp_path).from_cache
+
+
+def test_the_large_policy_warms_up_at_its_own_lr_and_the_others_keep_the_task_preset():
+    large, small = warmup_preset("add", "moe-large", seed=3), warmup_preset("add", "moe", seed=3)
+    assert (large.lr, large.steps, large.policy, large.seed) == (5e-4, 100, "moe-large", 3)
+    assert small == dataclasses.replace(WARMUP_PRESETS["add"], policy="moe", seed=3)
+    assert warmup_preset("reverse", "dense") == dataclasses.replace(WARMUP_PRESETS["reverse"], policy="dense")

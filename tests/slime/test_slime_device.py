@@ -18,10 +18,12 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from slime_data import FULL, METHODS_DIR, PREFIX, make_args, make_batch, method, micro_batches, rollout_data
+from slime_data import FULL, METHODS_DIR, PREFIX, View, make_args, make_batch, method, micro_batches, rollout_data
 
+from mismatch_ctrl.dist import Reducers
 from mismatch_ctrl.hostguard import HostGuard
-from mismatch_ctrl.slime import hooks
+from mismatch_ctrl.slime import advantage, hooks, tis
+from mismatch_ctrl.slime._groups import Topology
 
 METHOD_FILES = sorted(path.stem for path in METHODS_DIR.glob("*.yaml"))
 ROLLOUTS = 3
@@ -75,25 +77,26 @@ def moved(value: Any, device: str) -> Any:
     return value
 
 
-def run_hooks(name: str, device: str, groups: int, count: Syncs) -> dict[str, Any]:
-    """``ROLLOUTS`` rollouts of method ``name``: the advantage hook on the rollout, then the TIS hook on each of its
-    two micro-batches; every output on the CPU, and the host synchronisations of each call."""
+def run_hooks(name: str, device: str, groups: int, count: Syncs, view: View = FULL) -> dict[str, Any]:
+    """``ROLLOUTS`` rollouts of method ``name`` as rank ``view`` sees them: the advantage hook on the rollout, then the
+    TIS hook on each of its two micro-batches; every output on the CPU, and the host synchronisations of each
+    call."""
     args = make_args(method(name))
     out: dict[str, list[Any]] = {key: [] for key in ("advantages", "rollout_metrics", "pg_loss", "masks",
                                                      "train_metrics", "advantage_syncs", "tis_syncs")}
     for r in range(ROLLOUTS):
         batch = make_batch(seed=100 + r, groups=groups)
-        data = moved(rollout_data(batch, FULL), device)
+        data = moved(rollout_data(batch, view), device)
         with count() as counted:
             hooks.advantages(args, data)
         out["advantage_syncs"].append(counted.syncs)
         out["advantages"].append(moved(data["advantages"], "cpu"))
         out["rollout_metrics"].append({k: v for k, v in data.items() if k.startswith(PREFIX)})
-        loss = torch.randn(sum(batch.response_lengths), generator=torch.Generator().manual_seed(r))
-        offsets = torch.tensor([0, *batch.response_lengths]).cumsum(0).tolist()
+        losses = torch.randn(len(data["rewards"]), 2, generator=torch.Generator().manual_seed(r))
         for samples in micro_batches(list(range(len(data["rewards"])))):
             pick: Callable[[str], list[Any]] = lambda key: [data[key][i] for i in samples]  # noqa: E731
-            pg_loss = torch.cat([loss[offsets[i]:offsets[i + 1]] for i in samples]).to(device).requires_grad_()
+            pg_loss = torch.cat([losses[i, 0] + losses[i, 1] * data["log_probs"][i].cpu() for i in samples])
+            pg_loss = pg_loss.to(device).requires_grad_()
             with count() as counted:
                 new_loss, masks, metrics = hooks.rollout_correction(
                     args, pg_loss=pg_loss, train_log_probs=pick("log_probs"),
@@ -135,6 +138,23 @@ def test_hooks_run_as_on_a_gpu_with_few_host_syncs_constant_in_the_batch(name):
     plain = run_hooks(name, "cpu", 16, Syncs())
     for key in ("advantages", "rollout_metrics", "pg_loss", "masks", "train_metrics"):
         assert_same(large[key], plain[key], key)
+
+
+def identity_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """A gather of one participant that is not ``dist.local_gather``: the hooks take their sharded paths."""
+    return tensor.unsqueeze(0)
+
+
+@pytest.mark.parametrize("name", METHOD_FILES)
+def test_the_context_parallel_paths_run_as_on_a_gpu(name, monkeypatch):
+    """Rank 1 of a context-parallel pair (CP-local log-probs, full-length masks, the zigzag index on the device) with
+    gathers that take the sharded paths: no refused transfer, the same sync budget."""
+    topo = Topology(cp_size=2, cp_rank=1, reducers=Reducers(seq=identity_gather, batch=identity_gather))
+    for module in (advantage, tis):
+        monkeypatch.setattr(module, "topology", lambda: topo)
+    out = run_hooks(name, "cpu", 4, GuardSyncs(), View(cp_rank=1, cp_size=2))
+    assert max(out["advantage_syncs"]) <= ADVANTAGE_SYNCS and max(out["tis_syncs"]) <= TIS_SYNCS
+    assert all(len(masks) for masks in out["masks"])
 
 
 @CUDA

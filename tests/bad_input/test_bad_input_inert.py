@@ -1,0 +1,110 @@
+"""Issue 23 items 6-8: settings that would leave a controller or a guard inert are refused or warned about by one
+rule in every place that reads them (check-config, the hook's init); state files with values outside their range
+are refused naming the field; the TIS hook refuses a non-floating ``pg_loss`` and names tensors on other devices."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from slime_data import FULL, make_args, make_batch, method, rollout_data
+
+from mismatch_ctrl.config import build_config, inert_settings
+from mismatch_ctrl.controllers import ControllerSet
+from mismatch_ctrl.dcgrpo import LagrangeController
+from mismatch_ctrl.errors import ConfigError, InputError, StateError
+from mismatch_ctrl.slime import hooks
+
+MOE = {"architecture": "moe"}
+
+
+def config(**sections):
+    return build_config({**MOE, **sections})
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.5, 0.0, -2.0])
+def test_an_eps_auto_factor_at_or_below_the_floor_is_refused(factor):
+    with pytest.raises(ConfigError, match=r"dcgrpo.eps_auto_factor: must be > 1, got .*infeasible"):
+        config(dcgrpo={"enabled": True, "eps_auto_factor": factor})
+
+
+def test_a_factor_far_above_the_floor_is_warned_about_without_a_run_length():
+    errors, warnings = inert_settings(config(dcgrpo={"enabled": True, "eps_auto_factor": 50.0}))
+    assert not errors and len(warnings) == 1 and "eps_auto_factor = 50" in warnings[0]
+    assert inert_settings(config(dcgrpo={"enabled": True, "eps_auto_factor": 1.1})) == ([], [])
+
+
+@pytest.mark.parametrize("sections, rollouts, kind, text", [
+    ({"dcgrpo": {"enabled": True, "eps": "auto", "calibration_rollouts": 20}}, 20, "error", "calibrate for the whole"),
+    ({"acrl": {"enabled": True, "calibration_rollouts": 8}}, 8, "error", "never move its band"),
+    ({"dcgrpo": {"enabled": True, "floor_rollouts": 12}}, 12, "warning", "never measure the floor"),
+    ({"dcgrpo": {"enabled": True, "drift_window": 12}}, 12, "warning", "never complete a streak"),
+    ({"dcgrpo": {"enabled": True, "eps": "auto", "calibration_rollouts": 10, "drift_window": 10}}, 20, "warning",
+     "eps: auto calibrates for 10"),
+    ({"lr_decay": {"enabled": True, "period": 50}}, 50, "warning", "never halves"),
+])
+def test_settings_inert_over_the_run_are_named(sections, rollouts, kind, text):
+    errors, warnings = inert_settings(config(**sections), rollouts)
+    found = errors if kind == "error" else warnings
+    assert len(found) == 1 and text in found[0] and (not warnings if kind == "error" else not errors)
+    assert inert_settings(config(**sections), rollouts * 10) == ([], [])  # a longer run leaves nothing inert
+
+
+def test_the_hook_init_refuses_and_warns_by_the_same_rule(caplog):
+    args = make_args(method("acrl", acrl={"calibration_rollouts": 8}), num_rollout=8)
+    with pytest.raises(ConfigError, match="never move its band"):
+        hooks.on_megatron_init(args)
+    args = make_args(method("dcgrpo", dcgrpo={"drift_window": 30}), num_rollout=25)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        hooks.on_megatron_init(args)
+    assert "never complete a streak" in caplog.text
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("eps", 5.0, "eps"), ("eps", 1.0, "eps"), ("eps", 0.0, "eps"), ("eps_setting", 3.0, "eps_setting"),
+    ("floor", -0.01, "floor"), ("observed", [0.01, -1.0], "observed"), ("streak", [-0.5], "streak"),
+])
+def test_a_restored_dcgrpo_state_out_of_range_is_refused_naming_the_field(key, value, field):
+    settings = config(dcgrpo={"enabled": True, "eps": 0.005}).dcgrpo
+    state = LagrangeController(settings).state_dict()
+    state.update({key: value})
+    with pytest.raises(StateError, match=rf"dcgrpo\.{field}: .*must be"):
+        LagrangeController(settings).load_state_dict(state)
+
+
+def test_the_whole_state_refuses_an_eps_of_five_and_changes_nothing():
+    controllers = ControllerSet(config(dcgrpo={"enabled": True, "eps": 0.005}))
+    state = controllers.state_dict()
+    state["dcgrpo"]["eps"] = 5.0
+    before = controllers.state_dict()
+    with pytest.raises(StateError, match=r"state_0000003.json: state.dcgrpo.eps: must be < 1"):
+        controllers.load_state_dict(state, "state_0000003.json: state")
+    assert controllers.state_dict() == before
+
+
+def tis_kwargs(**changes):
+    d = rollout_data(make_batch(3), FULL)
+    kwargs = {"pg_loss": torch.zeros(sum(d["response_lengths"])), "train_log_probs": d["log_probs"],
+              "rollout_log_probs": d["rollout_log_probs"], "loss_masks": d["loss_masks"],
+              "total_lengths": d["total_lengths"], "response_lengths": d["response_lengths"]}
+    return {**kwargs, **changes}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_a_non_floating_pg_loss_is_refused_not_truncated(dtype):
+    kwargs = tis_kwargs()
+    kwargs["pg_loss"] = kwargs["pg_loss"].to(dtype)
+    with pytest.raises(InputError, match=f"pg_loss must hold slime's floating-point per-token loss, got dtype {dtype}"):
+        hooks.rollout_correction(make_args(method("token_tis")), **kwargs)
+
+
+def test_tensors_on_other_devices_are_named():
+    meta = tis_kwargs(pg_loss=torch.zeros(sum(tis_kwargs()["response_lengths"]), device="meta"))
+    with pytest.raises(InputError, match="pg_loss is on meta but train_log_probs of sample 0 is on cpu"):
+        hooks.rollout_correction(make_args(method("token_tis")), **meta)
+    kwargs = tis_kwargs()
+    kwargs["rollout_log_probs"] = [kwargs["rollout_log_probs"][0].to("meta"), *kwargs["rollout_log_probs"][1:]]
+    with pytest.raises(InputError, match="sample 0: rollout_log_probs is on meta but train_log_probs of sample 0 is "
+                                         "on cpu"):
+        hooks.rollout_correction(make_args(method("token_tis")), **kwargs)
