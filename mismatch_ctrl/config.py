@@ -258,8 +258,8 @@ def inert_settings(config: Config, num_rollout: int | None = None) -> tuple[list
     if d.enabled and d.penalty_form != "fixed":
         auto = d.eps == "auto"
         if auto and d.calibration_rollouts >= num_rollout:
-            errors.append(f"{ROOT_KEY}.dcgrpo.calibration_rollouts = {d.calibration_rollouts} with eps: auto, but {run}: "
-                          "DC-GRPO would calibrate for the whole run and never shape an advantage; lower "
+            errors.append(f"{ROOT_KEY}.dcgrpo.calibration_rollouts = {d.calibration_rollouts} with eps: auto, but "
+                          f"{run}: DC-GRPO would calibrate for the whole run and never shape an advantage; lower "
                           "calibration_rollouts or give eps a number")
         elif not auto and d.eps_guard == "clamp" and d.floor_rollouts >= num_rollout:
             warnings.append(f"{ROOT_KEY}.dcgrpo.floor_rollouts = {d.floor_rollouts} but {run}: the infeasible-budget "
@@ -270,8 +270,8 @@ def inert_settings(config: Config, num_rollout: int | None = None) -> tuple[list
                             f"{f' and eps: auto calibrates for {start}' if auto else ''}: the drift guard could never "
                             "complete a streak (lower drift_window, or drift_guard: off to say so)")
     if a.enabled and a.reference is None and a.calibration_rollouts >= num_rollout:
-        errors.append(f"{ROOT_KEY}.acrl.calibration_rollouts = {a.calibration_rollouts} without a reference, but {run}: "
-                      "ACRL would measure its reference for the whole run and never move its band; lower "
+        errors.append(f"{ROOT_KEY}.acrl.calibration_rollouts = {a.calibration_rollouts} without a reference, but "
+                      f"{run}: ACRL would measure its reference for the whole run and never move its band; lower "
                       "calibration_rollouts or give acrl.reference")
     if config.lr_decay.enabled and isinstance(period, int) and period >= num_rollout:
         warnings.append(f"{ROOT_KEY}.lr_decay.period = {period} but {run}: the learning rate never halves in this run")
