@@ -41,7 +41,9 @@ SYNCING = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_c
                      "allclose", "masked_scatter", "masked_scatter_"})
 """Ops whose output depends on device values in a way the host must wait for."""
 FACTORIES_FROM_DATA = frozenset({"tensor", "as_tensor", "asarray", "new_tensor"})
-MIXABLE_SCALARS_EXCEPT = frozenset({"cat", "stack", "hstack", "vstack", "copy_"})
+"""Factories that copy data into a new tensor: from the host, a blocking upload when given a device; from device
+tensors, a read of each value."""
+NO_HOST_SCALARS = frozenset({"cat", "stack", "hstack", "vstack", "copy_"})
 """Ops that refuse even a 0-d host tensor beside a device tensor (elsewhere CUDA treats one as a scalar)."""
 
 
@@ -159,7 +161,7 @@ class HostGuard(TorchFunctionMode):
             raise HostTransferError(f"{name}(): its result depends on device values, so a GPU synchronises with the "
                                     "host; use a fixed-shape form (torch.where, masked_fill, index_add_, "
                                     "segment_reduce(unsafe=True), repeat_interleave(output_size=...))")
-        mixed = [t for t in host_inputs if t.ndim > 0 or name in MIXABLE_SCALARS_EXCEPT]
+        mixed = [t for t in host_inputs if t.ndim > 0 or name in NO_HOST_SCALARS]
         if mixed:
             shapes = ", ".join(str(tuple(t.shape)) for t in mixed)
             raise HostTransferError(f"{name}(): host tensor(s) of shape {shapes} beside a device tensor: on a GPU "

@@ -42,6 +42,21 @@ def _upgrade_v2(state: dict[str, Any]) -> dict[str, Any]:
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {2: _upgrade_v2}
 """Readable older versions and the function that brings a state of that version to the next one."""
 _NAME = re.compile(r"^state_(\d{7,})\.json$")
+MAX_DEPTH = 8
+"""A state file nests 4 levels (document, state, controller, list); deeper is not one. Checked after parsing, so
+Python versions whose JSON parser accepts any depth (3.12) refuse it as those that overflow (3.11) do."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and dicts more than ``limit`` levels (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 Check = Callable[[Any], Any]
 """Returns the value (converted, e.g. int -> float) or raises ``ValueError`` with what is wrong."""
@@ -226,6 +241,8 @@ class StateStore:
             if path.stat().st_size > MAX_STATE_BYTES:
                 raise ValueError(f"{path.stat().st_size} bytes, more than a state file's {MAX_STATE_BYTES}")
             document = json.loads(path.read_text())
+            if _deeper_than(document, MAX_DEPTH):
+                raise ValueError(f"values nested deeper than a state file's {MAX_DEPTH} levels")
         except (OSError, ValueError, RecursionError) as exc:
             raise StateError(f"{path}: unreadable mismatch_ctrl state ({clip(str(exc), 200)})") from None
         if not isinstance(document, dict) or document.get("format") != FORMAT:

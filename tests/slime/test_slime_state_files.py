@@ -77,3 +77,12 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_previous_one(tmp_
         store.save(3, {"lam": 0.2})
     assert store.path(3).read_bytes() == before and json.loads(before)["state"] == {"lam": 0.1}
     assert [p.name for p in tmp_path.iterdir()] == ["state_0000003.json"]  # no temporary file left
+
+
+def test_state_nested_deeper_than_a_state_file_is_unreadable_on_every_python(tmp_path):
+    """Nesting that the JSON parser accepts (30 levels: any Python) is refused by the depth check itself."""
+    store = StateStore(tmp_path)
+    store.path(0).write_text('{"format": "mismatch_ctrl.state", "version": 3, "rollout_id": 0, "state": {"a": '
+                             + "[" * 30 + "]" * 30 + "}}")
+    with pytest.raises(StateError, match="nested deeper than a state file's 8 levels"):
+        store.load(0)
