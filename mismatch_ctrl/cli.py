@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 
 
 def _check_config(ns: argparse.Namespace) -> int:
-    """Validate for the architecture given, else for each one (the YAML may set it): what resolves, per key."""
-    from .config import load_config
+    """Validate for the architecture given, else for each one (the YAML may set it): what resolves, per key; then
+    the settings that would leave a controller or guard inert (over ``--num-rollout`` rollouts when given): the
+    errors the hook's init would raise exit 2, the warnings it would log are printed."""
+    from .config import inert_settings, load_config
 
     given = ns.arch is not None or ns.num_experts is not None or ns.hf_config is not None
     try:
@@ -32,6 +34,13 @@ def _check_config(ns: argparse.Namespace) -> int:
         configs = configs[:1]  # the YAML sets its architecture
     elif not given and not configs[0].dcgrpo.enabled:
         configs = [dataclasses.replace(configs[0], architecture=None)]  # only DC-GRPO's defaults depend on it
+    found = [inert_settings(config, ns.num_rollout) for config in configs]
+    errors, warnings = (list(dict.fromkeys(m for pair in found for m in pair[k])) for k in (0, 1))
+    for warning in warnings:
+        print(f"mismatch-ctrl check-config: warning: {warning}", file=sys.stderr)
+    if errors:
+        print(f"mismatch-ctrl check-config: {errors[0]}", file=sys.stderr)
+        return 2
     if ns.json:
         print(json.dumps(configs[0].as_dict() if given else {c.architecture or "any": c.as_dict() for c in configs},
                          indent=1))
@@ -190,6 +199,17 @@ def _check_outputs(out: Path, json_path: Path | None, create: bool) -> None:
             raise ConfigError(f"--json {json_path}: {parent} is not a writable directory")
 
 
+def _rollout_count(text: str) -> int:
+    """``--num-rollout``: an integer >= 1, as slime's flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (slime's --num-rollout), got {text!r}")
+    return value
+
+
 def _expert_count(text: str) -> int:
     """``--num-experts``: an integer >= 0 (0: dense), as Megatron's flag."""
     try:
@@ -220,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     arch.add_argument("--arch", choices=("dense", "moe"), help="architecture for the DC-GRPO defaults")
     arch.add_argument("--num-experts", type=_expert_count, help="Megatron --num-experts of the model (> 0 means MoE)")
     arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) to read the architecture from")
+    check.add_argument("--num-rollout", type=_rollout_count, help="slime's --num-rollout: also refuse what would leave "
+                       "a controller inert over the run, and warn about guards that could not act (as the hook's "
+                       "init does)")
     check.add_argument("--json", action="store_true", help="print every resolved setting as JSON")
     check.set_defaults(run=_check_config)
 

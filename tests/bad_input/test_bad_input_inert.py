@@ -108,3 +108,15 @@ def test_tensors_on_other_devices_are_named():
     with pytest.raises(InputError, match="sample 0: rollout_log_probs is on meta but train_log_probs of sample 0 is "
                                          "on cpu"):
         hooks.rollout_correction(make_args(method("token_tis")), **kwargs)
+
+
+def test_check_config_refuses_and_warns_by_the_same_rule_as_the_hook(capsys):
+    from mismatch_ctrl import cli
+
+    assert cli.main(["check-config", "configs/methods/acrl.yaml", "--num-rollout", "5"]) == 2
+    assert "never move its band" in capsys.readouterr().err
+    assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--num-rollout", "8", "--arch", "moe"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "drift_window = 10 but --num-rollout is 8" in err
+    assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--num-rollout", "500", "--arch", "moe"]) == 0
+    assert capsys.readouterr().err == ""
