@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formatting import fmt
-from ..lab.plots import moving_average
+from ..smoothing import moving_average
 from .stats import PRESET_NAMES
 
 
