@@ -1,8 +1,9 @@
 """``mismatch-ctrl analyze``: calibrate eps and preview every controller on a real run's slime dumps.
 
 Read ``--dump-details`` dumps one rollout at a time (:mod:`.dumps`, which also writes that format for the CPU lab),
-measure the discrepancy (:mod:`.stats`), replay the controllers (:mod:`.replay`), and write the report
-(:mod:`.report`). :func:`analyze_dumps` returns every number as a JSON-able dict.
+measure the discrepancy (:mod:`.stats`), replay the controllers (:mod:`.replay`; :mod:`.eps_changes` says which
+rule changed eps on each rollout), and write the report (:mod:`.report`). :func:`analyze_dumps` returns every number
+as a JSON-able dict.
 """
 
 from .analysis import AnalyzeOptions, analyze_dumps

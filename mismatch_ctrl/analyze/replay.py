@@ -4,8 +4,9 @@ Every rollout goes through :meth:`~mismatch_ctrl.controllers.ControllerSet.step`
 so the replay is the controller, not a re-implementation:
 
 - ``chosen``: DC-GRPO with the method's ``dcgrpo`` settings (and the command-line overrides): lambda trajectory,
-  the eps in force (the infeasible-budget guard and the drift guard may raise it), the discrepancy ``C_bar``, the
-  penalty share and where the penalty cap held lambda down;
+  the eps in force, every change of eps with the rule that made it and its evidence (:mod:`.eps_changes`: the
+  calibration, the infeasible-budget guard, the drift guard), the discrepancy ``C_bar``, the penalty share and where
+  the penalty cap held lambda down;
 - ``auto``: the same with ``eps: auto`` (lambda 0 for the first K rollouts, then eps = factor x median C_bar);
 - ``surge``: the response-length surge detector of ``lr_decay`` (``period: auto``), run after all rollouts are read
   so that a maximum response length inferred from the whole run can cap its ratio; its verdict, onset and ``T_d``.
@@ -27,6 +28,7 @@ from ..batch import TokenBatch
 from ..config import Config
 from ..controllers import ControllerSet
 from ..dcgrpo import DCGRPOSettings
+from .eps_changes import EpsWatch
 
 STEP_KEYS = ("lambda", "lambda_next", "lambda_shaping", "eps", "discrepancy", "violation", "penalty_share",
              "penalty_capped", "eps_floor", "eps_calibrating", "drift_guard_lifted")
@@ -50,6 +52,8 @@ class Replay:
     def __init__(self, config: Config) -> None:
         chosen, auto, self.surge_config = replay_configs(config)
         self.chosen, self.auto = ControllerSet(chosen), ControllerSet(auto)
+        self.eps_watch = EpsWatch(self.chosen.dcgrpo)
+        """The eps changes of the ``chosen`` controller, each with the rule that made it."""
         period = config.lr_decay.period
         self.configured_period = period if config.lr_decay.enabled and isinstance(period, int) else None
         """The method's own manual ``lr_decay.period`` (the detector's ``T_d`` is then for comparison)."""
@@ -68,6 +72,7 @@ class Replay:
         if batch is not None:
             advantages = torch.tensor(list(rewards) if rewards is not None else [0.0] * batch.num_seqs,
                                       dtype=torch.float32)
+        self.eps_watch.before()
         for name, controllers in (("chosen", self.chosen), ("auto", self.auto)):
             if batch is None:
                 controllers.dcgrpo.update(None)
@@ -82,6 +87,7 @@ class Replay:
             if rewards is None:
                 values["penalty_share"] = None
             record[name] = values
+        self.eps_watch.after(rollout_id, None if record["chosen"] is None else record["chosen"]["discrepancy"])
         self.records.append(record)
         self.lengths.append((rollout_id, mean_response_length))
         return record
@@ -99,7 +105,7 @@ class Replay:
                                                     "drift_window", "penalty_cap", "zero_advantage")},
             "eps_final": ctrl.eps,
             "eps_floor": ctrl.floor,
-            "guard_raised_eps": isinstance(s.eps, float) and ctrl.eps is not None and ctrl.eps != s.eps,
+            "eps_changes": self.eps_watch.changes,
             "lambda_final": ctrl.lam,
             "rollouts_replayed": ctrl.rollouts,
             "rollouts_without_train_log_probs": sum(r["chosen"] is None for r in self.records),

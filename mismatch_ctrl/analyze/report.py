@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..formatting import fmt
-from ..lab.plots import moving_average
+from ..smoothing import moving_average
+from .eps_changes import CALIBRATION, INFEASIBLE_BUDGET
 from .stats import PRESET_NAMES
 
 
@@ -56,14 +57,12 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
         if not result["method"]["dcgrpo"]:
             lines.append(f"Method `{result['method']['name']}` does not run DC-GRPO: this is what DC-GRPO with these "
                          "settings would do on the recorded rollouts.")
-        if replay["guard_raised_eps"]:
-            lines.append(f"The infeasible-budget guard (`eps_guard: {s['eps_guard']}`) raised eps to "
-                         f"{fmt(replay['eps_final'], 4)}: the chosen eps is below the floor "
-                         f"{fmt(replay['eps_floor'], 4)}.")
         if replay["drift_guard_lifts"]:
             lines.append(f"The drift guard (`drift_guard: {s['drift_guard']}`, window {s['drift_window']}) lifted eps "
-                         f"after rollouts {', '.join(map(str, replay['drift_guard_lifts']))}: lambda sat at "
-                         "lambda_max while the violation did not halve (the floor drifted above eps).")
+                         f"after rollouts {', '.join(map(str, replay['drift_guard_lifts']))}.")
+        if replay["eps_changes"]:
+            lines += ["", "eps changed in the replay:", ""]
+            lines += [f"- {eps_change_text(change)}" for change in replay["eps_changes"]] + [""]
         if replay["fraction_capped"]:
             lines.append(f"The penalty cap (`penalty_cap: {s['penalty_cap']}`) held the shaping lambda below lambda in "
                          f"{_pct(replay['fraction_capped'])} of the rollouts.")
@@ -92,6 +91,39 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
                   ": unknown (no truncation recorded; pass --max-response-len for the truncation rate and the "
                   "detector's truncation cap)."))
     return lines + [""]
+
+
+def eps_change_text(change: dict[str, Any]) -> str:
+    """One eps change of the replay (:mod:`.eps_changes`) in words: the rollout, the old and new eps, the rule that
+    changed it and the numbers it acted on."""
+    e, old, new = change["evidence"], fmt(change["old_eps"], 4), fmt(change["new_eps"], 4)
+    where = f"Rollout {change['rollout_id']}: "
+    first = f"the first {e.get('measured_rollouts')} rollouts"
+    if change["guard"] == CALIBRATION:
+        return (f"{where}`eps: auto` set eps to {new} = {e['factor']:g} x the median C_bar "
+                f"{fmt(e['median_c_bar'], 4)} of {first}.")
+    if change["guard"] == INFEASIBLE_BUDGET:
+        return (f"{where}the infeasible-budget guard (`eps_guard: clamp`) raised eps {old} -> {new} = "
+                f"{e['factor']:g} x the floor {fmt(e['median_c_bar'], 4)} (median C_bar of {first}): the chosen eps "
+                "was below the floor.")
+    rollouts = e["rollouts"]
+    span = f"the {len(rollouts)} updates of rollouts {rollouts[0]} to {rollouts[-1]}"
+    halves = (f"the violation C_bar - eps did not halve ({fmt(e['violation_first_half'], 4)} in the first half, "
+              f"{fmt(e['violation_last_half'], 4)} in the second)")
+    rule = (f" = {e['factor']:g} x the streak's median C_bar" if change["new_eps"] > change["old_eps"] else
+            f" ({e['factor']:g} x the streak's median C_bar is not above it: kept)")
+    if e["mode"] == "saturated":
+        evidence = (f"lambda sat at lambda_max {fmt(e['lambda_max'])} on {span}, {halves}; their median C_bar "
+                    f"{fmt(e['median_c_bar'], 4)} against eps {old}")
+    else:
+        at_max = e["lambda_before"] >= e["lambda_max"]
+        before = f"before rollout {rollouts[-1]}'s update"
+        lam = (f"lambda was at lambda_max {fmt(e['lambda_max'])} {before}" if at_max else
+               f"lambda was {fmt(e['lambda_before'], 4)} {before} (lambda_max {fmt(e['lambda_max'])})")
+        evidence = (f"C_bar stayed above eps on {span} (median C_bar {fmt(e['median_c_bar'], 4)} against eps {old}) "
+                    f"and {halves}; {lam}")
+    return (f"{where}the drift guard (`drift_guard: {e['mode']}`, window {e['window']}) lifted eps {old} -> {new}"
+            f"{rule}: {evidence}. lambda went back to lambda_0.")
 
 
 def not_measured(counts: dict[str, Any]) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..smoothing import moving_average
+
 Runs = dict[str, dict[int, list[dict[str, Any]]]]
 """label -> seed -> the run's per-rollout records."""
 
@@ -70,15 +72,6 @@ def _series(records: list[dict[str, Any]], key: str, window: int) -> tuple[list[
         return [], []
     steps, values = zip(*points)
     return list(steps), moving_average(list(values), window)
-
-
-def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing mean of the last ``window`` values (fewer at the start)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
 
 
 def band(seed_series: list[tuple[list[float], list[float]]]) -> Curve:

@@ -11,6 +11,7 @@ from mismatch_ctrl.analyze.dumps import write_rollout_dump
 from mismatch_ctrl.analyze.report import write_report
 from mismatch_ctrl.config import load_config
 from mismatch_ctrl.dcgrpo import LagrangeController
+from mismatch_ctrl.formatting import fmt
 from mismatch_ctrl.lr_schedule import SurgeDetector
 
 from .synthetic import make_rollout, write_run
@@ -140,3 +141,46 @@ def test_replay_runs_the_drift_guard(run, tmp_path, drift):
     assert summary["settings"]["drift_guard"] == drift and summary["eps_final"] == pytest.approx(expected[-1][1])
     report = write_report(result, tmp_path / "analysis").read_text()
     assert f"lifted eps after rollouts {', '.join(map(str, lifted))}" in report
+
+
+@pytest.mark.parametrize("eta", [2.0, 50.0])
+def test_report_names_each_eps_change_with_its_own_value_and_guard(run, tmp_path, eta):
+    """eps 0.0005 is below the floor of the first 2 rollouts (the infeasible-budget guard clamps it at rollout 1);
+    C_bar then grows past every eps, so the persistent drift guard lifts it again. With eta 2 lambda stays far below
+    lambda_max; with eta 50 it reaches lambda_max before some lifts and not before others."""
+    directory, _, truth, c_bars = run
+    method = tmp_path / "clamp_then_drift.yaml"
+    method.write_text("mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    eps_guard: clamp\n    floor_rollouts: 2\n"
+                      "    drift_window: 3\n    lambda_max: 0.3\n    drift_guard: persistent\n")
+    result = analyze_dumps(directory, AnalyzeOptions(config=method, architecture="dense", eps=0.0005, eta=eta,
+                                                     progress=False))
+    expected = ref.lagrange_trajectory(c_bars, 0.1, eta, 0.0005, 0.3, floor_window=2, guard="clamp", drift_window=3,
+                                       drift="persistent")
+    steps = [(k, before, after) for k, ((_, before), (_, after)) in enumerate(zip(expected, expected[1:]))
+             if after != before]
+    changes = result["dcgrpo_replay"]["eps_changes"]
+    assert [c["guard"] for c in changes] == ["infeasible_budget"] + ["drift_guard"] * (len(steps) - 1)
+    assert len(steps) >= 3 and [c["rollout_id"] for c in changes] == [k for k, _, _ in steps]
+    for change, (_, before, after) in zip(changes, steps):
+        assert change["old_eps"] == pytest.approx(before, rel=1e-4)
+        assert change["new_eps"] == pytest.approx(after, rel=1e-4)
+    floor = statistics.median(c_bars[:2])
+    assert changes[0]["new_eps"] == pytest.approx(1.1 * floor, rel=1e-4)
+    assert changes[0]["evidence"]["median_c_bar"] == pytest.approx(floor, rel=1e-4)
+
+    lines = write_report(result, tmp_path / "analysis").read_text().splitlines()
+    said = [next(line for line in lines if line.startswith(f"- Rollout {c['rollout_id']}: ")) for c in changes]
+    assert said[0].startswith(f"- Rollout {changes[0]['rollout_id']}: the infeasible-budget guard (`eps_guard: clamp`) "
+                              f"raised eps 0.0005 -> {fmt(changes[0]['new_eps'], 4)} = 1.1 x the floor "
+                              f"{fmt(floor, 4)} (median C_bar of the first 2 rollouts)")
+    final = fmt(result["dcgrpo_replay"]["eps_final"], 4)
+    assert final not in said[0] and f"-> {final} = 1.1 x the streak's median C_bar: " in said[-1]
+    rows = {row["rollout_id"]: row["replay"]["chosen"] for row in result["rollouts"]}
+    for change, line in zip(changes[1:], said[1:]):
+        assert f"the drift guard (`drift_guard: persistent`, window 3) lifted eps {fmt(change['old_eps'], 4)} -> " \
+               f"{fmt(change['new_eps'], 4)}" in line
+        lam = change["evidence"]["lambda_before"]
+        assert lam == pytest.approx(rows[change["rollout_id"]]["lambda"])
+        assert "sat at" not in line and ("at lambda_max" in line) == (lam >= 0.3)
+    reached = [c["evidence"]["lambda_before"] >= 0.3 for c in changes[1:]]
+    assert not any(reached) if eta == 2.0 else any(reached) and not all(reached)
