@@ -63,8 +63,8 @@ def test_an_entry_pip_could_not_take_as_a_constraint_is_skipped_and_named(entry,
 
 def test_one_version_per_normalised_name_the_second_named():
     installed = [{"name": "Foo_Bar", "version": "1.0"}, {"name": "foo-bar", "version": "2.0"},
-                 {"name": "a.b", "version": "1.0"}, {"name": "A_B", "version": "1.0.0"}, {"name": "zeta", "version": "3"},
-                 {"name": "zeta", "version": "3"}]
+                 {"name": "a.b", "version": "1.0"}, {"name": "A_B", "version": "1.0.0"},
+                 {"name": "zeta", "version": "3"}, {"name": "zeta", "version": "3"}]
     done = run(json.dumps(installed))
     lines = done.stdout.decode().split()
     assert lines == ["Foo_Bar==1.0", "a.b==1.0", "zeta==3"]
