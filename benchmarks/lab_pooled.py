@@ -82,13 +82,14 @@ def check_summary(summary: dict) -> str | None:
     for label, entry in aggregate.items():
         if not (isinstance(entry, dict) and isinstance(entry.get("collapses"), int) and _number(entry["collapses"], 0)):
             return f"aggregate[{brief(label, 60)}].collapses: expected an integer >= 0"
+    labels = {label for label, _ in seen}
     for i, row in enumerate(versus):
         if not isinstance(row, dict) or not all(isinstance(row.get(key), str) for key in ("run", "reference",
                                                                                           "quantity")):
             return f"versus_grpo[{i}]: expected a table with the strings run, reference and quantity"
         for key in ("run", "reference"):
-            if row[key] not in aggregate:
-                return f"versus_grpo[{i}].{key} = {brief(row[key], 60)}: not a run of the aggregate table"
+            if row[key] not in aggregate or row[key] not in labels:
+                return f"versus_grpo[{i}].{key} = {brief(row[key], 60)}: not a run of the runs and aggregate tables"
         values = row.get("difference", {}).get("values") if isinstance(row.get("difference"), dict) else None
         if not (isinstance(values, list) and values and all(_number(v) for v in values)):
             return f"versus_grpo[{i}].difference.values = {brief(values, 40)}: expected a list of finite numbers"

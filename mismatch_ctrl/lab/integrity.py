@@ -33,7 +33,8 @@ class DamagedRun(SweepError):
     """A finished run folder whose files cannot be trusted; the message names the folder and what to do."""
 
     def __init__(self, folder: Path, problem: str) -> None:
-        super().__init__(f"{folder}: a damaged run ({problem}); its numbers are not used. Move the folder out of "
+        what = "folder" if folder.is_dir() else "file"
+        super().__init__(f"{folder}: a damaged run ({problem}); its numbers are not used. Move the {what} out of "
                          f"{folder.parent.parent} to keep it (or delete it): the next `mismatch-ctrl lab` with this "
                          "--out trains the run again (`--report-only` reports the other runs)")
         self.folder = folder
@@ -83,7 +84,7 @@ def _fingerprint(folder: Path) -> dict[str, Any]:
             raise ValueError("its inputs are not tables")
     except FileNotFoundError:
         raise DamagedRun(folder, f"no {FINGERPRINT_FILE}: made by an older lab, or not a lab run") from None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DamagedRun(folder, f"{FINGERPRINT_FILE} is unreadable or malformed: {clip(reason, 120)}") from None
     if fingerprint.get("sha256") != digest(inputs):
@@ -100,7 +101,7 @@ def _run_info(folder: Path, inputs: dict[str, Any]) -> tuple[RunSpec, LabSetting
         settings = LabSettings(**info["settings"])
     except FileNotFoundError:
         raise DamagedRun(folder, f"{RUN_FILE} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DamagedRun(folder, f"{RUN_FILE} is unreadable or malformed: {clip(reason, 120)}") from None
     recorded = {"run": inputs.get("run"), "settings": inputs.get("settings")}
@@ -122,7 +123,7 @@ def _records(folder: Path, settings: LabSettings) -> tuple[list[dict[str, Any]],
         records = [json.loads(line) for line in content.decode().splitlines() if line.strip()]
     except FileNotFoundError:
         raise DamagedRun(folder, f"{METRICS_FILE} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DamagedRun(folder, f"{METRICS_FILE} is unreadable: {clip(reason, 120)}") from None
     if not all(isinstance(r, dict) and "reward" in r for r in records):
@@ -137,7 +138,7 @@ def _summary(folder: Path, spec: RunSpec, settings: LabSettings, records: list[d
     """The run's summary; every number in it finite."""
     try:
         summary = summarize(spec, settings, records)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError, AttributeError, OverflowError) as exc:
         raise DamagedRun(folder, f"{METRICS_FILE} lacks a value the summary needs ({type(exc).__name__}: "
                                  f"{clip(str(exc), 80)})") from None
     for key, value in summary.items():

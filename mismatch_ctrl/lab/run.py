@@ -197,7 +197,7 @@ def _previous_order(path: Path) -> list[str]:
     """Run labels in the order of a previous ``summary.json`` (empty when absent or unreadable: it is rewritten)."""
     try:
         return [str(row["label"]) for row in json.loads(path.read_text())["runs"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         return []
 
 

@@ -27,7 +27,7 @@ from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
-from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_warnings
+from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
 from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems,
                         path_problems, ray_problems)
 from .settings import Settings, setting_of_flag, usage
@@ -208,7 +208,9 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
     errors += method_errors + duplicate_flag_problems(s, model, user.extra)
     ray = ray_version() if not errors and not user.prepare else None
     if not errors and not user.prepare:
-        errors += runtime_env_problems(s) + entrypoint_problems(s, entrypoint(s, model, user.extra), ray)
+        words = entrypoint(s, model, user.extra)
+        errors += runtime_env_problems(s) + entrypoint_problems(s, words, ray)
+        errors += unknown_ray_problems(s, words) if ray is None and not user.dry_run else []
     if errors:
         report.lines("configuration error", errors)
         return 2
@@ -252,7 +254,7 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
     if user.dry_run:
         report.lines("warning (an error at launch)", paths)
         if ray is None:
-            report.lines("warning", unknown_ray_warnings(s, entrypoint(s, model, user.extra)))
+            report.lines("warning", unknown_ray_problems(s, entrypoint(s, model, user.extra)))
         print(format_command(command), flush=True)
         return 0
 

@@ -267,12 +267,14 @@ def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron
     ``weight_block_size [128, 128]``, what ``tools/convert_hf_to_fp8.py --strategy block --block-size 128 128`` and
     the Qwen ``-FP8`` releases write; bf16: none), numbers that differ from Megatron's model arguments.
     """
+    path = Path(directory) / "config.json"
     try:
         config_path, config = read_hf_config(directory)
     except ConfigError as exc:
-        path = Path(directory) / "config.json"
         message = f"{path} does not exist" if not path.exists() else str(exc)
         return CheckpointReport([f"{variable}: {message}"])
+    except RecursionError:
+        return CheckpointReport([f"{variable}: {path} is nested too deeply to be a model's config.json"])
     problems = []
     quant = config.get("quantization_config")
     if kind == "fp8":

@@ -79,14 +79,16 @@ def entrypoint_problems(s: Settings, words: Sequence[str], version: tuple[int, i
             f"{SHLEX_JOIN[0]}.{SHLEX_JOIN[1]}" for word in words if _old_ray_word(word) is None]
 
 
-def unknown_ray_warnings(s: Settings, words: Sequence[str]) -> list[str]:
-    """Without a ``ray`` to ask (a dry run off the cluster): the words whose arrival depends on the Ray version."""
+def unknown_ray_problems(s: Settings, words: Sequence[str]) -> list[str]:
+    """Without a Ray version (no ``ray`` on PATH, or one that does not say it): the words whose arrival depends on it
+    (a warning in a dry run off the cluster, an error at launch)."""
     shaky = [word for word in words if _SHELL_REWRITES.search(word)]
     if not shaky:
         return []
-    return [f"no ray on PATH to ask its version: the command assumes Ray >= {SHLEX_JOIN[0]}.{SHLEX_JOIN[1]}, which "
-            f"passes {', '.join(repr(w) + _source(s, w) for w in shaky[:3])} to train.py unchanged; the launch itself "
-            "adapts the quoting to the ray it runs"]
+    named = ", ".join(repr(word) + _source(s, word) for word in shaky[:3])
+    return [f"cannot ask ray its version (no ray on PATH, or `ray --version` does not say it): the command assumes "
+            f"Ray >= {SHLEX_JOIN[0]}.{SHLEX_JOIN[1]}, which passes {named} to train.py unchanged; an older Ray would "
+            "not"]
 
 
 def runtime_env_problems(s: Settings) -> list[str]:

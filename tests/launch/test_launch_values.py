@@ -122,7 +122,18 @@ def test_a_passed_variable_with_a_dollar_is_refused_and_one_without_is_kept(sand
 def test_a_dry_run_without_ray_warns_that_the_quoting_depends_on_the_ray_version(sandbox: Sandbox) -> None:
     result = sandbox.run(LAUNCHER, "--dry-run", env={"TORCH_DIST_DIR": "/root/a$b"})
     assert result.returncode == 0
-    assert "warning: no ray on PATH to ask its version: the command assumes Ray >= 2.56, which passes '/root/a$b' " \
-           "(from TORCH_DIST_DIR) to train.py unchanged" in result.stderr
+    assert "warning: cannot ask ray its version (no ray on PATH, or `ray --version` does not say it): the command " \
+           "assumes Ray >= 2.56, which passes '/root/a$b' (from TORCH_DIST_DIR) to train.py unchanged" in result.stderr
     plain = sandbox.run(LAUNCHER, "--dry-run")
-    assert "no ray on PATH" not in plain.stderr
+    assert "cannot ask ray its version" not in plain.stderr
+    sandbox.add_ray(version="unknown")  # a launch refuses what it cannot quote for sure
+    launch = sandbox.run(LAUNCHER, env={"TORCH_DIST_DIR": "/root/a$b"})
+    assert launch.returncode == 2 and "configuration error: cannot ask ray its version" in launch.stderr
+
+
+def test_a_config_json_nested_too_deeply_is_named_not_a_traceback(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster()
+    (sandbox.cluster / "Qwen3-30B-A3B-FP8" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = sandbox.run(LAUNCHER, "--dry-run", env=cluster)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "config.json is nested too deeply to be a model's config.json" in result.stderr
