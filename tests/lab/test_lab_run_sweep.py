@@ -265,6 +265,10 @@ def trained(tmp_path_factory) -> Path:
                                                                                          'NaN, "x": ', 1)),
      "gives the summary's final_reward = nan, not a finite number"),
     (lambda f: (f / "metrics.jsonl").unlink() or (f / "metrics.jsonl").mkdir(), "metrics.jsonl is unreadable"),
+    (lambda f: (f / "metrics.jsonl").write_text("[" * 100_000 + "]" * 100_000), "metrics.jsonl is unreadable"),
+    (lambda f: (f / "run.json").write_text("[" * 100_000 + "]" * 100_000), "run.json is unreadable or malformed"),
+    (lambda f: (f / FINGERPRINT_FILE).write_text("[" * 100_000 + "]" * 100_000),
+     "fingerprint.json is unreadable or malformed"),
 ])
 def test_report_only_names_a_malformed_file_of_a_run_without_recorded_hashes(trained, tmp_path, capsys, damage,
                                                                               needle):
