@@ -6,6 +6,8 @@ differences against ``grpo@<its engine>`` (``versus_grpo``, :func:`mismatch_ctrl
 row concatenates a run's differences of every directory (seeds differ between directories, so the pairs are
 independent). Printed per run: mean [95% t interval] of the differences of ``--metric`` and how many of its seeds
 collapsed (GRPO's count on the same engine in brackets). This is how the README's DC-GRPO evidence table was made.
+A directory given twice, or a seed trained with the same settings in two directories (a copy), is refused: it would
+count twice. A ``summary.json`` that is not as the lab writes it is named with its first unusable field.
 """
 
 from __future__ import annotations
