@@ -59,7 +59,9 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
             progress_interval: float = 30.0) -> LabResult:
     """Train each run once per seed, each from its seed's warmed-up policy, and write ``out_dir/report.md``,
     ``summary.json``, plots and per-run folders. Runs already finished in ``out_dir`` with the same fingerprint are
-    not trained again; runs made there with other settings are refused (SweepError) before any warm-up.
+    not trained again; before any warm-up, runs made there with other settings are refused (SweepError), a damaged,
+    copied or renamed run folder too (``integrity.DamagedRun``), and seeds whose warm-ups would not fit in memory
+    (``budget.check_warmups``, which also announces warm-ups expected to take long).
 
     ``warmup`` defaults to the task's preset for ``settings.policy`` (``warmup_preset``); its seed is replaced by
     each run seed. Warm-ups are cached. ``executor`` defaults to ``LocalExecutor(jobs)``.
