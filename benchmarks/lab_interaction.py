@@ -15,19 +15,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from lab_pooled import read_summary  # benchmarks/ is this script's directory
+from lab_pooled import check_distinct, read_summary  # benchmarks/ is this script's directory
 from mismatch_ctrl.lab.aggregate import Spread, spread
 from mismatch_ctrl.lab.frontier import VERSUS
 from mismatch_ctrl.lab.report import aggregate_runs
 
 
 def runs_by_seed(summary: dict, metric: str) -> dict[str, tuple[str, dict[int, float]]]:
-    """Per run label of a lab summary: its engine and ``{seed: metric}`` (from the per-run rows, ``runs``)."""
-    try:
-        aggregated = aggregate_runs(summary["runs"])
-    except (KeyError, TypeError) as exc:
-        raise SystemExit(f"lab_interaction: a summary without its per-run rows ({exc}); run `mismatch-ctrl lab "
-                         "--report-only --out DIR` first") from None
+    """Per run label of a lab summary (checked by ``read_summary``): its engine and ``{seed: metric}`` (from the
+    per-run rows, ``runs``)."""
+    aggregated = aggregate_runs(summary["runs"])
     return {label: (entry["quant"], entry["by_seed"].get(metric, {})) for label, entry in aggregated.items()}
 
 
@@ -85,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(ns.directories) % 2:
         parser.error(f"give the directories in pairs A B (got {len(ns.directories)})")
     dirs = ns.directories
-    pairs = [(read_summary(a), read_summary(b)) for a, b in zip(dirs[::2], dirs[1::2])]
+    summaries = [read_summary(directory, "lab_interaction") for directory in dirs]
+    check_distinct(dirs, summaries, "lab_interaction")
+    pairs = list(zip(summaries[::2], summaries[1::2]))
     rows = interactions(pairs, ns.metric)
     if not rows:
         print("lab_interaction: the two directories share no run with seeds in both", file=sys.stderr)

@@ -89,7 +89,7 @@ def _lab(ns: argparse.Namespace) -> int:
     if ns.report_only:
         training = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS)
                     if getattr(ns, name, None) is not None] + (["--dump-details"] if ns.dump_details else []) \
-            + (["--ray-address"] if ns.ray_address else [])
+            + (["--ray-address"] if ns.ray_address is not None else [])
         if training:
             print(f"mismatch-ctrl lab: --report-only trains nothing, so {', '.join(training)} would be ignored; drop "
                   "them (the report is rewritten from OUT's runs as they were trained)", file=sys.stderr)
@@ -102,13 +102,14 @@ def _lab(ns: argparse.Namespace) -> int:
         except OSError as exc:
             return _unwritable(exc, ns.out, "free space or make --out writable")
         print(f"{summary_table(result.summaries)}\n\nreport: {result.report}")
+        _not_compared(result.missing)
         return 0
     try:
         runs, settings, seeds = lab_plan(ns)
     except (ValueError, ConfigError) as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 2
-    executor = RayExecutor(ns.ray_address) if ns.ray_address else LocalExecutor(ns.jobs)
+    executor = RayExecutor(ns.ray_address) if ns.ray_address is not None else LocalExecutor(ns.jobs)
     try:
         result = run_lab(runs, settings, Path(ns.out), command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
                          cache_dir=ns.cache_dir, seeds=seeds, executor=executor)
@@ -122,7 +123,14 @@ def _lab(ns: argparse.Namespace) -> int:
     except OSError as exc:
         return _unwritable(exc, ns.out, "free space or choose a writable --out / --cache-dir")
     print(f"\n{summary_table(result.summaries)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
+    _not_compared(result.missing)
     return 0
+
+
+def _not_compared(missing: list[str]) -> None:
+    """Name on stderr each comparison the report could not make (its reference run is missing)."""
+    for line in missing:
+        print(f"mismatch-ctrl lab: not compared: {line.replace('`', '')}", file=sys.stderr)
 
 
 def _analyze(ns: argparse.Namespace) -> int:
@@ -308,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--jobs", type=options.positive_int, default=default_jobs(),
                      help="runs trained in parallel on this machine, one thread each (default: the number of CPU "
                           "cores; ignored with --ray-address)")
-    lab.add_argument("--ray-address", metavar="ADDR",
+    lab.add_argument("--ray-address", metavar="ADDR", type=options.ray_address,
                      help="train the runs as Ray tasks on the cluster at ADDR (HOST:PORT as `ray start --head` prints "
                           "it, ray://HOST:PORT, or auto for the local cluster), one CPU each (one GPU with a cuda "
                           "device); needs pip install 'mismatch-ctrl[ray]'. Default: local processes (--jobs)")

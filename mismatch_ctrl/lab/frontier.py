@@ -98,6 +98,29 @@ def versus_grpo(aggregated: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def missing_references(aggregated: dict[str, dict[str, Any]], found: dict[str, Any] | None) -> list[str]:
+    """One line per comparison the report cannot make: a run that is not plain GRPO without ``grpo@<its engine>``
+    (or without a seed in common with it), and, on a frontier, a run without an exact-engine run to pair with."""
+    out = []
+    for label, entry in aggregated.items():
+        reference = f"grpo@{entry['quant']}"
+        if reference == label:
+            continue
+        if reference not in aggregated:
+            out.append(f"`{label}` is not compared with GRPO: `{reference}` is missing")
+        elif not set(entry["seeds"]) & set(aggregated[reference]["seeds"]):
+            out.append(f"`{label}` is not compared with GRPO: no seed in common with `{reference}`")
+    for point in (found or {"points": []})["points"]:
+        if point["reference"] is None and point["dose"] != EXACT:
+            own = f"{point['line'].removesuffix(REPLAY_SUFFIX)}@{EXACT}" + (
+                REPLAY_SUFFIX if point["line"].endswith(REPLAY_SUFFIX) else "")
+            out.append(f"`{point['label']}` has no exact-engine run on the frontier: `grpo@{EXACT}` and `{own}` are "
+                       "missing")
+        elif point["reference"] is not None and not point["paired_seeds"]:
+            out.append(f"`{point['label']}` has no seed in common with its exact-engine run `{point['reference']}`")
+    return out
+
+
 def frontier_json(found: dict[str, Any]) -> dict[str, Any]:
     """``frontier`` with every ``Spread`` as a dict (for ``summary.json``)."""
     return {"mismatch": found["mismatch"], "doses": {d: s.as_dict() for d, s in found["doses"].items()},

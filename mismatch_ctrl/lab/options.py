@@ -185,6 +185,15 @@ def directory(text: str) -> str:
     return text
 
 
+def ray_address(text: str) -> str:
+    """``--ray-address``: a non-empty address (an empty one is an unset shell variable, not a request to train
+    locally: leave the flag out for that)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty (an unset variable?); give HOST:PORT, ray://HOST:PORT or auto, or "
+                                         "leave --ray-address out to train on this machine")
+    return text.strip()
+
+
 def resolve(ns: argparse.Namespace) -> dict[str, Any]:
     """The value of every ``LAB_DEFAULTS`` option: given on the command line, else from ``--preset``, else default."""
     preset = LAB_PRESETS[ns.preset] if ns.preset else {}

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..formatting import fmt
 from .aggregate import Spread, aggregate
-from .frontier import GAPS, VERSUS, frontier, frontier_json, versus_grpo, write_frontier_plot
+from .frontier import GAPS, VERSUS, frontier, frontier_json, missing_references, versus_grpo, write_frontier_plot
 from .plots import write_plots as write_plots  # the lab writes its plots through this module
 from .trainer import LAYER_FLIPS
 
@@ -198,6 +198,9 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
             lines.append(f"| `{run}` | `{cells[next(iter(cells))]['reference']}` | " + " | ".join(
                 _verdict(cells[key]["difference"], cells[key]["sign"]) if key in cells else "-"
                 for key, _ in VERSUS) + " |")
+    missing = missing_references(aggregated, found)
+    if missing:
+        lines += ["", "Not compared (a reference run is missing from this directory): " + "; ".join(missing) + "."]
     lines += _controller_lines(controllers)
     lines += [
         "",
@@ -223,6 +226,7 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
         "frontier": None if found is None else frontier_json(found),
         "versus_grpo": [{**c, "difference": c["difference"].as_dict()} for c in versus],
         "controllers": controllers,
+        "missing_comparisons": missing,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return path

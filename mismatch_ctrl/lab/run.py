@@ -20,13 +20,17 @@ from typing import Any
 import torch
 
 from ..formatting import clip, fmt
+from .budget import check_warmups
 from .executors import Executor, LocalExecutor
+from .frontier import frontier, missing_references
 from .methods import RunSpec
 from .progress import SweepProgress
 from .report import aggregate_runs, read_metrics, write_plots, write_report
-from .sweep import (BYTES_PER_STEP, OutLock, RunTask, SweepError, check_names, check_writable, clean_partial,
-                    commit_run, differences, plan, run_dir)
-from .trainer import RUN_FILE, LabSettings, summarize
+from .integrity import check_run, check_runs, run_folders
+from .lock import OutLock
+from .sweep import (BYTES_PER_STEP, RunTask, SweepError, check_names, check_writable, clean_partial, commit_run,
+                    differences, plan, run_dir, shared_inputs)
+from .trainer import LabSettings
 from .warmup import WarmupConfig, cache_path, default_cache_dir, warmup_policy, warmup_preset
 
 COMMANDS_FILE = "commands.txt"
@@ -39,12 +43,14 @@ class SweepInterrupted(SweepError):
 
 @dataclass(frozen=True)
 class LabResult:
-    """Per-run summaries (one per method and seed), their aggregate over seeds per method, report and plots."""
+    """Per-run summaries (one per method and seed), their aggregate over seeds per method, report, plots, and the
+    comparisons the report could not make because a reference run is missing (``missing_references``)."""
 
     summaries: list[dict[str, Any]]
     aggregate: dict[str, dict[str, Any]]
     report: Path
     plots: list[Path]
+    missing: list[str]
 
 
 def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int = 1,
@@ -53,7 +59,9 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
             progress_interval: float = 30.0) -> LabResult:
     """Train each run once per seed, each from its seed's warmed-up policy, and write ``out_dir/report.md``,
     ``summary.json``, plots and per-run folders. Runs already finished in ``out_dir`` with the same fingerprint are
-    not trained again; runs made there with other settings are refused (SweepError) before any warm-up.
+    not trained again; before any warm-up, runs made there with other settings are refused (SweepError), a damaged,
+    copied or renamed run folder too (``integrity.DamagedRun``), and seeds whose warm-ups would not fit in memory
+    (``budget.check_warmups``, which also announces warm-ups expected to take long).
 
     ``warmup`` defaults to the task's preset for ``settings.policy`` (``warmup_preset``); its seed is replaced by
     each run seed. Warm-ups are cached. ``executor`` defaults to ``LocalExecutor(jobs)``.
@@ -78,14 +86,20 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
     with OutLock(out_dir, log):
         for path in clean_partial(out_dir):
             log(f"removed the unfinished run folder {path} (a sweep was stopped while writing it)")
-        finished = plan(out_dir, grid, base)
+        checked = {run.folder: run for run in check_runs(run_folders(out_dir))}
+        finished = plan(out_dir, grid, base, {folder: run.inputs for folder, run in checked.items()})
+        _commands(out_dir)
         todo = [(spec, s) for (spec, s), done in zip(grid, finished) if not done]
         if len(todo) < len(grid):
             log(f"{len(grid) - len(todo)} of {len(grid)} runs already finished in {out_dir}: kept, not trained again")
+        training = sorted({s.seed for _, s in todo})
+        check_warmups(base, [seed for seed in training if not cache_path(dataclasses.replace(base, seed=seed),
+                                                                          cache_dir).is_file()], training, log)
         if todo:
             executor.connect()
             _train(todo, base, out_dir, executor, cache_dir, show_progress, progress_interval, len(grid) - len(todo))
-        summaries = [_summary_of(run_dir(out_dir, spec, s.seed), spec) for spec, s in grid]
+        folders = [run_dir(out_dir, spec, s.seed) for spec, s in grid]
+        summaries = [(checked.get(folder) or check_run(folder)).summary for folder in folders]
         summaries.sort(key=lambda row: (labels.index(row["label"]), row["seed"]))
         return _write_outputs(summaries, out_dir, list(dict.fromkeys(_commands(out_dir, command))))
 
@@ -129,30 +143,6 @@ def _train(todo: list[tuple[RunSpec, LabSettings]], base: WarmupConfig, out_dir:
         progress.close()
 
 
-def _summary_of(folder: Path, spec: RunSpec) -> dict[str, Any]:
-    """The summary of a finished run folder."""
-    info, records = _read_run(folder)
-    return summarize(spec, LabSettings(**info["settings"]), records)
-
-
-def _read_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``run.json`` and ``metrics.jsonl`` of a run folder; ValueError naming the file that is unreadable."""
-    path = folder / RUN_FILE
-    try:
-        info = json.loads(path.read_text())
-        RunSpec(info["method"], info["quant"], bool(info["replay"]))
-        LabSettings(**info["settings"])
-        path = folder / "metrics.jsonl"
-        records = read_metrics(path) if path.exists() else []
-        if records and not all(isinstance(r, dict) and "reward" in r for r in records):
-            raise ValueError("a line is not a metrics record")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ValueError(f"{path}: unreadable or malformed ({clip(reason, 120)}); move the run folder {folder} "
-                         "away, or rerun the lab into this --out to train it again") from None
-    return info, records
-
-
 def _write_outputs(summaries: list[dict[str, Any]], out_dir: Path, commands: list[str]) -> LabResult:
     records: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for s in summaries:
@@ -162,55 +152,54 @@ def _write_outputs(summaries: list[dict[str, Any]], out_dir: Path, commands: lis
     aggregate = aggregate_runs(summaries)
     plots = write_plots(records, out_dir / "plots")
     report = write_report(summaries, aggregate, plots, out_dir, commands)
-    return LabResult(summaries, aggregate, report, plots)
+    return LabResult(summaries, aggregate, report, plots, missing_references(aggregate, frontier(aggregate)))
 
 
 def _commands(out_dir: Path, command: str | None = None) -> list[str]:
-    """The lab commands that trained into ``out_dir`` (``COMMANDS_FILE``), after appending ``command`` if given."""
+    """The lab commands that trained into ``out_dir`` (``COMMANDS_FILE``), after appending ``command`` if given;
+    SweepError naming the file when it cannot be read or written as UTF-8 text."""
     path = out_dir / COMMANDS_FILE
-    if command is not None:
-        with open(path, "a") as f:
-            f.write(command + "\n")
-    return path.read_text().splitlines() if path.is_file() else []
+    try:
+        if command is not None:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(command.encode("utf-8", "backslashreplace").decode() + "\n")
+        return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else clip(str(exc), 120)
+        raise SweepError(f"--out {out_dir}: {path} cannot be read or written as UTF-8 text ({reason}); it lists the "
+                         "commands that trained into this --out, one a line: repair it, or move it away (the report "
+                         "then names only the commands from now on)") from None
 
 
 def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-only") -> LabResult:
     """Summaries, report and plots of a lab output directory written again from the runs it holds
-    (``<label>/seed<k>/run.json`` and ``metrics.jsonl``): after a change of the report, or after more seeds were
-    trained into the same directory. Runs keep the order of the previous ``summary.json`` where it lists them; runs
-    that did not finish (no final evaluation) are left out. ValueError naming the file for an unreadable or malformed
-    run file, and for runs trained with different settings (one report is for one set of settings)."""
-    found = sorted(out_dir.glob(f"*/seed*/{RUN_FILE}"))
-    if not found:
-        raise ValueError(f"--report-only: no runs (*/seed*/{RUN_FILE}) in {out_dir}; run the lab into it first")
+    (``<label>/seed<k>/``): after a change of the report, or after more seeds were trained into the same directory.
+    Runs keep the order of the previous ``summary.json`` where it lists them. Every run folder is checked first
+    (``integrity.check_runs``: a damaged, copied or renamed one is a ``DamagedRun`` naming it); ValueError for a
+    directory without runs, and for runs trained with different settings (one report is for one set of settings)."""
+    folders = run_folders(out_dir)
+    if not folders:
+        raise ValueError(f"--report-only: no runs (*/seed*/) in {out_dir}; run the lab into it first")
     order = _previous_order(out_dir / "summary.json")
-    rows = []
-    for path in found:
-        info, records = _read_run(path.parent)
-        if not records or "final_eval_acc_engine" not in records[-1]:
-            continue
-        rows.append((RunSpec(info["method"], info["quant"], bool(info["replay"])), LabSettings(**info["settings"]),
-                     records, path.parent))
-    if not rows:
-        raise ValueError(f"--report-only: no finished run in {out_dir}")
-    reference = {k: v for k, v in dataclasses.asdict(rows[0][1]).items() if k != "seed"}
-    for _, settings, _, folder in rows[1:]:
-        other = {k: v for k, v in dataclasses.asdict(settings).items() if k != "seed"}
+    runs = check_runs(folders)
+    reference = shared_inputs(runs[0].inputs)
+    for run in runs[1:]:
+        other = shared_inputs(run.inputs)
         if other != reference:
-            raise ValueError(f"--report-only: {out_dir} holds runs trained with different settings ({rows[0][3]} vs "
-                             f"{folder}: {differences(reference, other)}); one report is for one set of settings - "
-                             "move the runs of each setting into their own --out")
-    rows.sort(key=lambda r: (order.index(r[0].label) if r[0].label in order else len(order), r[0].label, r[1].seed))
-    summaries = [summarize(spec, settings, records) for spec, settings, records, _ in rows]
+            raise ValueError(f"--report-only: {out_dir} holds runs trained with different settings ({runs[0].folder} "
+                             f"vs {run.folder}: {differences(reference, other)}); one report is for one set of "
+                             "settings - move the runs of each setting into their own --out")
+    runs.sort(key=lambda r: (order.index(r.spec.label) if r.spec.label in order else len(order), r.spec.label,
+                             r.settings.seed))
     with OutLock(out_dir):
-        return _write_outputs(summaries, out_dir, _commands(out_dir) or [command])
+        return _write_outputs([run.summary for run in runs], out_dir, _commands(out_dir) or [command])
 
 
 def _previous_order(path: Path) -> list[str]:
     """Run labels in the order of a previous ``summary.json`` (empty when absent or unreadable: it is rewritten)."""
     try:
         return [str(row["label"]) for row in json.loads(path.read_text())["runs"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         return []
 
 

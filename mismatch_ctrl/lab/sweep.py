@@ -1,5 +1,5 @@
-"""A lab output directory as a store of finished runs: fingerprints, atomic run folders, the lock, and the checks an
-operator needs before any warm-up work.
+"""A lab output directory as a store of finished runs: fingerprints, atomic run folders, and the checks an operator
+needs before any warm-up work (the lock: ``lock``; the checks of a finished folder: ``integrity``).
 
 A run is a pure function of (method, engine, settings, seed). Its folder ``OUT/<label>/seed<k>/`` appears only once
 the run finished (its files are written to ``OUT/<label>/.seed<k>.partial/`` and renamed), with ``fingerprint.json``:
@@ -11,7 +11,6 @@ refuses a directory that holds runs made with other settings.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -26,7 +25,6 @@ from .trainer import LabSettings
 from .warmup import WarmupConfig
 
 FINGERPRINT_FILE = "fingerprint.json"
-LOCK_FILE = ".lab.lock"
 PARTIAL_SUFFIX = ".partial"
 BYTES_PER_STEP = 4096
 """A generous size of one rollout's record in ``metrics.jsonl`` (about 1-2 KB measured), for the free-space check."""
@@ -66,6 +64,12 @@ def digest(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def file_digests(files: dict[str, bytes]) -> dict[str, str]:
+    """sha256 of each file of a run (relative path -> hex digest), as ``fingerprint.json`` records them: a resumed
+    sweep and ``--report-only`` use a run only while its files are unchanged (``integrity``)."""
+    return {name: hashlib.sha256(content).hexdigest() for name, content in sorted(files.items())}
+
+
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, dict):
         out: dict[str, Any] = {}
@@ -83,46 +87,24 @@ def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str
     return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def _shared(inputs: dict[str, Any]) -> dict[str, Any]:
+def shared_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     """The part of a fingerprint every run of one directory shares: settings and warm-up, seed left out."""
     return {"settings": {k: v for k, v in inputs["settings"].items() if k != "seed"},
             "warmup": {k: v for k, v in inputs["warmup"].items() if k != "seed"}}
 
 
-def read_fingerprint(folder: Path) -> dict[str, Any]:
-    """The recorded inputs of a finished run folder; SweepError naming the file if it is unreadable."""
-    path = folder / FINGERPRINT_FILE
-    try:
-        data = json.loads(path.read_text())
-        inputs = data["inputs"]
-        _shared(inputs)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise SweepError(f"{path}: unreadable run fingerprint ({clip(str(exc), 120)}); move {folder} away "
-                         "(or delete it) and rerun to train it again") from None
-    return inputs
-
-
-def finished_runs(out_dir: Path) -> dict[Path, dict[str, Any]]:
-    """Every finished run folder under ``out_dir`` with its fingerprint inputs."""
-    return {path.parent: read_fingerprint(path.parent) for path in sorted(out_dir.glob(f"*/seed*/{FINGERPRINT_FILE}"))}
-
-
-def plan(out_dir: Path, grid: list[tuple[RunSpec, LabSettings]], warmup: WarmupConfig) -> list[bool]:
-    """For each run of ``grid``: whether it is already finished in ``out_dir`` (True) or must be trained. Refuses a
-    directory whose runs were made with other settings, or a run folder without a fingerprint."""
-    done = finished_runs(out_dir)
-    for spec, settings in grid:
-        folder = run_dir(out_dir, spec, settings.seed)
-        if folder.is_dir() and folder not in done:
-            raise SweepError(f"{folder}: a run folder without {FINGERPRINT_FILE} (made by an older lab, or not a lab "
-                             "run); move it away or choose another --out")
+def plan(out_dir: Path, grid: list[tuple[RunSpec, LabSettings]], warmup: WarmupConfig,
+         done: dict[Path, dict[str, Any]]) -> list[bool]:
+    """For each run of ``grid``: whether it is already finished in ``out_dir`` (True) or must be trained. ``done``:
+    the fingerprint inputs of every finished run folder there (checked by ``integrity.check_runs``). Refuses a
+    directory whose runs were made with other settings."""
     status = []
     new_inputs = [fingerprint_inputs(spec, settings, warmup) for spec, settings in grid]
     for folder, inputs in done.items():
-        if _shared(inputs) != _shared(new_inputs[0]):
+        if shared_inputs(inputs) != shared_inputs(new_inputs[0]):
             raise SweepError(f"--out {out_dir}: {folder} was trained with other settings "
-                             f"({differences(_shared(inputs), _shared(new_inputs[0]))}); use another --out, or "
-                             "rerun with the settings it was made with")
+                             f"({differences(shared_inputs(inputs), shared_inputs(new_inputs[0]))}); use another "
+                             "--out, or rerun with the settings it was made with")
     for (spec, settings), inputs in zip(grid, new_inputs):
         folder = run_dir(out_dir, spec, settings.seed)
         if folder in done and digest(done[folder]) != digest(inputs):
@@ -153,8 +135,8 @@ def commit_run(out_dir: Path, task: RunTask, files: dict[str, bytes], warmup: Wa
             target = partial / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
-        (partial / FINGERPRINT_FILE).write_text(json.dumps({"sha256": digest(inputs), "inputs": inputs}, indent=1,
-                                                           default=str) + "\n")
+        record = {"sha256": digest(inputs), "inputs": inputs, "files": file_digests(files)}
+        (partial / FINGERPRINT_FILE).write_text(json.dumps(record, indent=1, default=str) + "\n")
         os.replace(partial, final)
     except OSError as exc:
         shutil.rmtree(partial, ignore_errors=True)
@@ -193,53 +175,3 @@ def check_writable(directory: Path, flag: str, needed: int = 0) -> None:
     if free < needed:
         raise SweepError(f"{flag} {directory}: {free / 1e6:.1f} MB free, the runs need about {needed / 1e6:.1f} MB; "
                          "free space or choose another directory")
-
-
-class OutLock:
-    """``OUT/.lab.lock`` holding this process's pid while a lab process writes into ``OUT``: a second process
-    refuses; a lock left by a dead process is taken over (with a message)."""
-
-    def __init__(self, out_dir: Path, log: Any = print) -> None:
-        self.path = out_dir / LOCK_FILE
-        self.log = log
-        self.held = False
-
-    def __enter__(self) -> OutLock:
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pid = self._owner()
-                if pid is not None and _alive(pid):
-                    raise SweepError(f"--out {self.path.parent}: another lab process (pid {pid}) is writing there "
-                                     f"(lock {self.path}); wait for it, or use another --out") from None
-                self.log(f"taking over the stale lock {self.path} (its process {pid} is gone)")
-                self.path.unlink(missing_ok=True)
-                continue
-            except OSError as exc:
-                raise SweepError(f"--out {self.path.parent}: cannot create the lock {self.path} "
-                                 f"({exc.strerror or exc}); choose a writable directory") from None
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()}\n")
-            self.held = True
-            return self
-        raise SweepError(f"--out {self.path.parent}: cannot take the lock {self.path}; remove it if no lab runs there")
-
-    def _owner(self) -> int | None:
-        try:
-            return int(self.path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.held and self._owner() == os.getpid():
-            self.path.unlink(missing_ok=True)
-        self.held = False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True

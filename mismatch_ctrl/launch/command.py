@@ -21,6 +21,7 @@ from typing import Sequence
 
 from ..slime.names import HOOK_FLAGS
 from .model_shape import MegatronModel
+from .quoting import for_ray
 from .settings import Settings
 
 REWARD_FUNCTION = "recipes.qwen3_30b_a3b.reward.rm"
@@ -124,9 +125,16 @@ def train_args(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[
     return args + list(extra)
 
 
-def submit_command(s: Settings, model: MegatronModel, extra: Sequence[str], nvls: str) -> list[str]:
+def entrypoint(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[str]:
+    """The job's command: ``python3 <SLIME_DIR>/train.py`` and its arguments, as train.py must receive them."""
+    return ["python3", f"{s['SLIME_DIR']}/train.py", *train_args(s, model, extra)]
+
+
+def submit_command(s: Settings, model: MegatronModel, extra: Sequence[str], nvls: str,
+                   ray: tuple[int, int] | None = None) -> list[str]:
+    """``ray job submit`` with the entrypoint quoted for the ``ray`` of version ``ray`` (``quoting.for_ray``)."""
     return ["ray", "job", "submit", "--address", s["RAY_ADDRESS"], "--runtime-env-json", runtime_env(s, nvls),
-            "--", "python3", f"{s['SLIME_DIR']}/train.py", *train_args(s, model, extra)]
+            "--", *for_ray(entrypoint(s, model, extra), ray)]
 
 
 def format_command(words: Sequence[str]) -> str:

@@ -9,6 +9,7 @@ command (and ``--prepare``'s steps) to stdout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,13 +20,14 @@ from typing import NoReturn, Sequence
 from ..errors import ConfigError
 from ..formatting import clip
 from ..slime.names import TRACKER
-from .command import format_command, job_env, nvls_enable, submit_command, train_args
+from .command import entrypoint, format_command, job_env, nvls_enable, submit_command, train_args
 from .layout import Layout, engine_problems, trainer_problems
 from .eval_cost import eval_cost
 from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
+from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
 from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems,
                         path_problems, ray_problems)
 from .settings import Settings, setting_of_flag, usage
@@ -143,6 +145,16 @@ def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
                              "config.json yet")
 
 
+def trained_shape(shape: ModelShape, model: MegatronModel) -> ModelShape:
+    """The engine's shape with the dense / MoE layer split Megatron builds from MODEL_ARGS_FILE (they differ only when
+    ALLOW_MODEL_SHAPE_MISMATCH=1 accepted a config.json with other MoE layers): the training memory and host RAM
+    follow the model that is trained."""
+    if not (shape.is_moe and model.is_moe):
+        return shape
+    layers = model.num_layers or shape.num_hidden_layers
+    return dataclasses.replace(shape, num_hidden_layers=layers, dense_layers=max(0, layers - model.moe_layers))
+
+
 def summary(s: Settings, model: MegatronModel, layout: Layout, method_summary: str, report: Report) -> None:
     experts = model.num_experts
     kind = f"MoE, {experts} experts, EP{layout.ep} x ETP{layout.etp}" if model.is_moe else "dense"
@@ -194,6 +206,11 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
                           "evaluation)")
     method_summary, method_errors, deferred = method_check(s, model, user.dry_run)
     errors += method_errors + duplicate_flag_problems(s, model, user.extra)
+    ray = ray_version() if not errors and not user.prepare else None
+    if not errors and not user.prepare:
+        words = entrypoint(s, model, user.extra)
+        errors += runtime_env_problems(s) + entrypoint_problems(s, words, ray)
+        errors += unknown_ray_problems(s, words) if ray is None and not user.dry_run else []
     if errors:
         report.lines("configuration error", errors)
         return 2
@@ -213,14 +230,14 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             report.die(1, str(exc))
         return 0
 
-    command = submit_command(s, model, user.extra, nvls_enable(s["NCCL_NVLS_ENABLE"]))
+    command = submit_command(s, model, user.extra, nvls_enable(s["NCCL_NVLS_ENABLE"]), ray)
     paths = path_problems(s, report.launcher, fp8) + deferred
     summary(s, model, layout, method_summary, report)
     report.note(f"engine layout checked on the model shape {source}")
     memory = estimate(shape, layout, max_tokens_per_gpu=s.int("MAX_TOKENS_PER_GPU"),
                       cpu_offload=s.flag("OPTIMIZER_CPU_OFFLOAD"),
                       sglang_mem_fraction=float(s["SGLANG_MEM_FRACTION"]), gpu_memory_gb=float(s["GPU_MEMORY_GB"]),
-                      fp8_training=s["TRAIN_PRECISION"] == "fp8")
+                      fp8_training=s["TRAIN_PRECISION"] == "fp8", trained=trained_shape(shape, model))
     for line in memory.lines():
         report.note(line)
     for line in memory.warnings():
@@ -236,6 +253,8 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             report.warn(line)
     if user.dry_run:
         report.lines("warning (an error at launch)", paths)
+        if ray is None:
+            report.lines("warning", unknown_ray_problems(s, entrypoint(s, model, user.extra)))
         print(format_command(command), flush=True)
         return 0
 

@@ -1,7 +1,9 @@
 """Memory estimate of a colocated slime run: per-GPU training memory, host RAM for CPU Adam, and the rollout engine's
 FP8 weights. Stated allowances, not measurements; the formula and its terms are in ``launch/README.md``.
 
-Parameters (from the model shape, embeddings and output layer counted once each unless tied)::
+Parameters (from the model shape, embeddings and output layer counted once each unless tied; the training terms and
+host RAM count the dense / MoE layers Megatron builds from ``MODEL_ARGS_FILE``, the rollout engine those of its
+``config.json``)::
 
     attention/layer = h*a*d + 2*h*g*d + a*d*h + 2*d + 2*h      (q, k, v, o, q/k norms, two RMSNorms)
     N_dense  = V*h*(1 or 2) + L*attention + L_dense*3*h*I + L_moe*h*E + h
@@ -132,8 +134,12 @@ class MemoryEstimate:
 
 
 def estimate(shape: ModelShape, layout: Layout, *, max_tokens_per_gpu: int, cpu_offload: bool,
-             sglang_mem_fraction: float, gpu_memory_gb: float, fp8_training: bool = False) -> MemoryEstimate:
-    """The terms of the module docstring for ``shape`` trained and served with ``layout``."""
+             sglang_mem_fraction: float, gpu_memory_gb: float, fp8_training: bool = False,
+             trained: ModelShape | None = None) -> MemoryEstimate:
+    """The terms of the module docstring for ``shape`` served and ``trained`` (default ``shape``: the model Megatron
+    builds, whose MoE layers follow its own arguments) trained with ``layout``."""
+    served = parameter_counts(shape)
+    shape = trained or shape
     lo, n = layout, parameter_counts(shape)
     h, a, g, d = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
     params = n.dense / (lo.tp * lo.pp) + n.expert / (lo.ep * lo.etp * lo.pp)
@@ -158,7 +164,7 @@ def estimate(shape: ModelShape, layout: Layout, *, max_tokens_per_gpu: int, cpu_
         fp8_weight_cache=BYTES_FP8_CACHE * params if fp8_training else 0.0,
         host_pinned_per_node=BYTES_PINNED_COPY * params * lo.gpus_per_node,
         host_adam_per_node=BYTES_ADAM_HOST * shard * lo.gpus_per_node if cpu_offload else 0.0,
-        rollout_weights=((n.total - n.embedding) * 1 + n.embedding * 2) / engine_tp,
+        rollout_weights=((served.total - served.embedding) * 1 + served.embedding * 2) / engine_tp,
         rollout_static=sglang_mem_fraction * gpu_memory_gb * GB,
         gpu_limit=gpu_memory_gb * GB,
     )

@@ -8,6 +8,7 @@ touched, plus the expert count, KV heads and vocabulary. Dense or MoE is :mod:`m
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,11 +134,65 @@ class MegatronModel:
         """The package's one rule (:func:`mismatch_ctrl.architecture.architecture_of`) on ``--num-experts``."""
         return architecture_of(self.num_experts) == "moe"
 
+    @property
+    def moe_layers(self) -> int:
+        """How many layers are MoE: ``--moe-layer-freq`` as Megatron reads it (an integer N: every N-th layer from
+        layer 0; a pattern such as ``[1]*48`` or ``([0]*3+[1]*45)``: 1 marks a MoE layer; absent: every layer), 0
+        for a dense model."""
+        if not self.is_moe:
+            return 0
+        text, layers = self.value("--moe-layer-freq"), self.num_layers
+        if text is None or text.strip().isdigit():
+            every = int(text or 1)
+            if every < 1:
+                raise ConfigError(f"MODEL_ARGS_FILE gives --moe-layer-freq {brief(text)}; expected an integer >= 1 "
+                                  "or a pattern such as [1]*48")
+            return sum(1 for i in range(layers) if i % every == 0)
+        pattern = _layer_pattern(text)
+        if pattern is None or len(pattern) != layers:
+            raise ConfigError(f"MODEL_ARGS_FILE gives --moe-layer-freq {brief(text)}; expected an integer or a list "
+                              f"of {layers} zeros and ones (--num-layers), e.g. [1]*{layers}")
+        return sum(pattern)
+
     def validate(self) -> None:
-        """Every number the checks read is an integer: :class:`ConfigError` otherwise."""
+        """Every number the checks read is an integer, the MoE layer pattern readable: :class:`ConfigError`
+        otherwise."""
         for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
                      "--num-query-groups", "--num-experts", "--moe-ffn-hidden-size", "--vocab-size"):
             self.integer(flag)
+        self.moe_layers  # raises ConfigError for an unreadable --moe-layer-freq
+
+
+def _layer_pattern(text: str) -> list[int] | None:
+    """A ``--moe-layer-freq`` pattern (list literals of 0 and 1, ``*`` by an integer, ``+``) without evaluating
+    code; None when it is something else."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+    def value(node: ast.AST) -> list[int] | int | None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            items = [value(item) for item in node.elts]
+            return items if all(item in (0, 1) for item in items) else None  # type: ignore[return-value]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and isinstance(left, int) and isinstance(right, list):
+                left, right = right, left
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and \
+                    0 <= right <= 100_000 and len(left) * right <= 100_000:
+                return left * right
+        return None
+
+    try:
+        found = value(tree)
+    except RecursionError:
+        return None
+    return found if isinstance(found, list) else None
 
 
 def read_model_args(path: str | Path) -> MegatronModel:
@@ -179,6 +234,11 @@ def shape_mismatches(shape: ModelShape, megatron: MegatronModel) -> list[str]:
             continue
         if getattr(shape, key) != megatron_values[flag]:
             out.append(f"{key} {getattr(shape, key)}, MODEL_ARGS_FILE says {megatron_values[flag]} ({flag})")
+    if shape.is_moe and megatron.is_moe and shape.num_hidden_layers == megatron.num_layers and \
+            shape.moe_layers != megatron.moe_layers:
+        out.append(f"{shape.moe_layers} MoE layers of {shape.num_hidden_layers} (mlp_only_layers, "
+                   f"decoder_sparse_step), MODEL_ARGS_FILE says {megatron.moe_layers} (--moe-layer-freq "
+                   f"{megatron.value('--moe-layer-freq') or 1})")
     untie = "--untie-embeddings-and-output-weights" in megatron.args
     if shape.tie_word_embeddings == untie:
         out.append(f"tie_word_embeddings {str(shape.tie_word_embeddings).lower()}, MODEL_ARGS_FILE "
@@ -207,12 +267,14 @@ def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron
     ``weight_block_size [128, 128]``, what ``tools/convert_hf_to_fp8.py --strategy block --block-size 128 128`` and
     the Qwen ``-FP8`` releases write; bf16: none), numbers that differ from Megatron's model arguments.
     """
+    path = Path(directory) / "config.json"
     try:
         config_path, config = read_hf_config(directory)
     except ConfigError as exc:
-        path = Path(directory) / "config.json"
         message = f"{path} does not exist" if not path.exists() else str(exc)
         return CheckpointReport([f"{variable}: {message}"])
+    except RecursionError:
+        return CheckpointReport([f"{variable}: {path} is nested too deeply to be a model's config.json"])
     problems = []
     quant = config.get("quantization_config")
     if kind == "fp8":

@@ -145,6 +145,17 @@ POSITIVE_INTEGERS = ("NUM_NODES", "GPUS_PER_NODE", "TP", "PP", "CP", "EP", "ETP"
 FLAGS = ("OPTIMIZER_CPU_OFFLOAD", "SKIP_EVAL_BEFORE_TRAIN", "ROUTING_REPLAY", "ALLOW_MODEL_SHAPE_MISMATCH")
 POSITIVE_NUMBERS = {"LR": "1e-6", "ROLLOUT_TEMPERATURE": "1.0", "EPS_CLIP": "0.2", "EPS_CLIP_HIGH": "0.28"}
 """Settings that must be finite numbers > 0, with an example each."""
+SANE_RANGES = {
+    "LR": (0.0, 1e-3, "Adam's learning rate: RL fine-tuning of an LLM uses ~1e-6; a rate above 1e-3 wrecks the "
+                      "pretrained weights within a few steps"),
+    "ROLLOUT_TEMPERATURE": (0.1, 2.0, "the sampling temperature: below 0.1 every sample of a prompt is the same and "
+                                      "GRPO's advantages vanish (slime also divides the training logits by it); above "
+                                      "2 the samples are noise"),
+    "EPS_CLIP": (0.0, 0.99, "slime clips the ratio from below at 1 - EPS_CLIP, which must stay above 0"),
+    "EPS_CLIP_HIGH": (0.0, 1.0, "slime clips the ratio from above at 1 + EPS_CLIP_HIGH; DAPO's clip-higher uses "
+                                "0.28"),
+}
+"""(lowest, highest, why) of the numbers a run can take: values no run should get are refused before any command."""
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -201,8 +212,11 @@ class Settings:
         if self["TRAIN_PRECISION"] not in PRECISIONS:
             out.append(f"TRAIN_PRECISION={self['TRAIN_PRECISION']} must be one of {', '.join(PRECISIONS)}")
         for name, example in POSITIVE_NUMBERS.items():
-            if not 0 < _number(self[name]) < float("inf"):
+            value, (low, high, why) = _number(self[name]), SANE_RANGES[name]
+            if not 0 < value < float("inf"):
                 out.append(f"{name}={self[name]} must be a finite number > 0, e.g. {name}={example}")
+            elif not low <= value <= high:
+                out.append(f"{name}={self[name]} is outside [{low:g}, {high:g}]: {why} (default {self.defaults[name]})")
         for name, low, high in (("SGLANG_MEM_FRACTION", 0.0, 1.0), ("GPU_MEMORY_GB", 0.0, float("inf"))):
             if not low < _number(self[name]) < high:
                 out.append(f"{name}={self[name]} must be a number in ({low:g}, {high:g})")

@@ -18,10 +18,12 @@ spec.loader.exec_module(lab_interaction)
 
 
 def write(directory: Path, values: dict[str, dict[int, float]]) -> Path:
-    """A summary.json with the lab's per-run rows: ``values[label][seed]`` is the run's late engine accuracy."""
+    """A summary.json with the lab's per-run rows: ``values[label][seed]`` is the run's late engine accuracy; the
+    directory's name stands for its settings (A and B of a pair differ in one)."""
     directory.mkdir()
     runs = [{"label": label, "method": label.split("@")[0], "quant": label.split("@")[1].split("+")[0],
-             "replay": label.endswith("+r3"), "seed": seed, "collapse_step": None, "late_acc_engine": value}
+             "replay": label.endswith("+r3"), "seed": seed, "collapse_step": None, "late_acc_engine": value,
+             "settings": {"setting": directory.name.rstrip("b"), "seed": seed}}
             for label, by_seed in values.items() for seed, value in by_seed.items()]
     (directory / "summary.json").write_text(json.dumps({"runs": runs, "versus_grpo": [], "aggregate": {}}))
     return directory
@@ -54,7 +56,7 @@ def test_directories_without_common_runs_or_rows_are_clear_errors(tmp_path, caps
     assert lab_interaction.main([str(a), str(b)]) == 2
     assert "share no run" in capsys.readouterr().err
     (b / "summary.json").write_text(json.dumps({"versus_grpo": [], "aggregate": {}}))
-    with pytest.raises(SystemExit, match="per-run rows"):
+    with pytest.raises(SystemExit, match="not a lab summary"):
         lab_interaction.main([str(a), str(b)])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,8 +21,9 @@ from mismatch_ctrl.lab.executors import LocalExecutor, RunFailed
 from mismatch_ctrl.lab.methods import RunSpec
 from mismatch_ctrl.lab.progress import SweepProgress
 from mismatch_ctrl.lab.run import rewrite_report, run_lab, summary_table
-from mismatch_ctrl.lab.sweep import (FINGERPRINT_FILE, LOCK_FILE, OutLock, RunTask, SweepError, differences, digest,
-                                     fingerprint_inputs)
+from mismatch_ctrl.lab.integrity import check_runs, run_folders
+from mismatch_ctrl.lab.lock import LOCK_FILE, OutLock
+from mismatch_ctrl.lab.sweep import FINGERPRINT_FILE, RunTask, SweepError, differences, digest, fingerprint_inputs
 from mismatch_ctrl.lab.trainer import LabSettings
 
 TINY = dict(steps=2, prompts_per_step=4, samples_per_prompt=4, eval_every=1, eval_prompts=8)
@@ -96,13 +98,13 @@ def test_unfinished_folders_are_restarted_and_a_folder_without_fingerprint_is_re
     assert len(result.summaries) == 1
     stray = out / "grpo@e4m3" / "seed0"
     stray.mkdir(parents=True)
-    with pytest.raises(SweepError, match=f"{stray}: a run folder without {FINGERPRINT_FILE}"):
+    with pytest.raises(SweepError, match=f"{stray}: a damaged run \\(no {FINGERPRINT_FILE}: made by an older lab"):
         lab(out)
     assert stray.is_dir()  # nothing deleted
     stray.rmdir()
     (out / "grpo@none" / "seed0" / FINGERPRINT_FILE).write_text('{"inputs": [')
-    with pytest.raises(SweepError, match=f"{out / 'grpo@none' / 'seed0' / FINGERPRINT_FILE}: unreadable run "
-                                         "fingerprint"):
+    with pytest.raises(SweepError, match=f"{out / 'grpo@none' / 'seed0'}: a damaged run \\({FINGERPRINT_FILE} is "
+                                         "unreadable or malformed"):
         lab(out)
 
 
@@ -165,7 +167,8 @@ def test_stale_lock_of_a_dead_process_is_taken_over_with_a_message(tmp_path):
         assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())
         with pytest.raises(SweepError, match=f"another lab process \\(pid {os.getpid()}\\)"):
             OutLock(out).__enter__()
-    assert messages == [f"taking over the stale lock {out / LOCK_FILE} (its process {dead.pid} is gone)"]
+    assert messages == [f"taking over the stale lock {out / LOCK_FILE} (left by pid {dead.pid}, which no longer holds "
+                        "it)"]
     assert not (out / LOCK_FILE).exists()
 
 
@@ -240,20 +243,45 @@ def test_a_run_name_too_long_for_a_folder_is_refused_before_the_warm_up(tmp_path
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("damage, needle", [
-    (lambda f: (f / "run.json").write_text("{not json"), "run.json: unreadable or malformed"),
-    (lambda f: (f / "run.json").write_bytes(b"\xff\xfe"), "run.json: unreadable or malformed"),
-    (lambda f: (f / "run.json").write_text('{"method": "grpo"}'), "run.json: unreadable or malformed"),
-    (lambda f: (f / "metrics.jsonl").write_text("[1, 2]\n"), "metrics.jsonl: unreadable or malformed"),
-    (lambda f: (f / "metrics.jsonl").write_text('{"step": 0, "rew'), "metrics.jsonl: unreadable or malformed"),
-    (lambda f: (f / "metrics.jsonl").unlink() or (f / "metrics.jsonl").mkdir(), "metrics.jsonl: unreadable"),
-])
-def test_report_only_names_an_unreadable_or_malformed_run_file(tmp_path, capsys, damage, needle):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished sweep of ``RUNS`` (seed 0) that tests copy before they change it."""
+    out = tmp_path_factory.mktemp("trained") / "out"
     lab(out)
-    damage(out / "grpo@e4m3" / "seed0")
+    return out
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda f: (f / "run.json").write_text("{not json"), "run.json is unreadable or malformed"),
+    (lambda f: (f / "run.json").write_bytes(b"\xff\xfe"), "run.json is unreadable or malformed"),
+    (lambda f: (f / "run.json").write_text('{"method": "grpo"}'), "run.json is unreadable or malformed"),
+    (lambda f: (f / "run.json").write_text((f / "run.json").read_text().replace('"lr": 0.001', '"lr": 0.5')),
+     "run.json disagrees with fingerprint.json: settings.lr: 0.001 -> 0.5"),
+    (lambda f: (f / "metrics.jsonl").write_text("[1, 2]\n"), "metrics.jsonl holds a line that is not a rollout's"),
+    (lambda f: (f / "metrics.jsonl").write_text('{"step": 0, "rew'), "metrics.jsonl is unreadable"),
+    (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().splitlines()[0] + "\n"),
+     "metrics.jsonl holds 1 of the run's 2 rollouts"),
+    (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().replace('"reward": ', '"reward": '
+                                                                                         'NaN, "x": ', 1)),
+     "gives the summary's final_reward = nan, not a finite number"),
+    (lambda f: (f / "metrics.jsonl").unlink() or (f / "metrics.jsonl").mkdir(), "metrics.jsonl is unreadable"),
+    (lambda f: (f / "metrics.jsonl").write_text("[" * 100_000 + "]" * 100_000), "metrics.jsonl is unreadable"),
+    (lambda f: (f / "run.json").write_text("[" * 100_000 + "]" * 100_000), "run.json is unreadable or malformed"),
+    (lambda f: (f / FINGERPRINT_FILE).write_text("[" * 100_000 + "]" * 100_000),
+     "fingerprint.json is unreadable or malformed"),
+])
+def test_report_only_names_a_malformed_file_of_a_run_without_recorded_hashes(trained, tmp_path, capsys, damage,
+                                                                              needle):
+    out = tmp_path / "out"
+    shutil.copytree(trained, out)
+    folder = out / "grpo@e4m3" / "seed0"
+    fingerprint = json.loads((folder / FINGERPRINT_FILE).read_text())
+    del fingerprint["files"]  # as the lab wrote it before it recorded the files' sha256
+    (folder / FINGERPRINT_FILE).write_text(json.dumps(fingerprint))
+    assert len(check_runs(run_folders(out))) == 2  # accepted without the hashes
+    damage(folder)
     code, _, err = _cli(capsys, "lab", "--report-only", "--out", str(out))
-    assert code == 2 and f"{out / 'grpo@e4m3' / 'seed0'}" in err and needle in err and "Traceback" not in err
+    assert code == 2 and f"{folder}: a damaged run (" in err and needle in err and "Traceback" not in err
 
 
 def test_report_only_refuses_runs_trained_with_different_settings(tmp_path, capsys):
@@ -262,7 +290,7 @@ def test_report_only_refuses_runs_trained_with_different_settings(tmp_path, caps
     lab(tmp_path / "other", runs=RUNS[1:], settings={"lr": 2e-3})
     (tmp_path / "other" / "grpo@e4m3").rename(out / "grpo@e4m3")
     with pytest.raises(ValueError, match=r"different settings .*grpo@e4m3/seed0 vs .*grpo@none/seed0: "
-                                         r"lr: 0.002 -> 0.001"):
+                                         r"settings.lr: 0.002 -> 0.001"):
         rewrite_report(out)
     code, _, err = _cli(capsys, "lab", "--report-only", "--out", str(out))
     assert code == 2 and "different settings" in err

@@ -187,8 +187,12 @@ case "$*" in
 esac
 """)
 
-    def add_ray(self, reachable: bool = True, cluster_gpus: int = 8) -> None:
+    def add_ray(self, reachable: bool = True, cluster_gpus: int = 8, version: str = "2.60.0") -> None:
+        """Fake ray: ``--version`` (as Ray prints it), ``job list`` (reachable or not), ``status``, ``job submit``."""
         _write_executable(self.bin / "ray", _python_fake(f"""
+if sys.argv[1:] == ["--version"]:
+    print("ray, version {version}")
+    sys.exit(0)
 if sys.argv[1:3] == ["job", "list"]:
     sys.exit(0 if {reachable} else "ConnectionError: Failed to connect to Ray")
 if sys.argv[1:2] == ["status"]:

@@ -46,7 +46,7 @@ def test_too_few_gpus_and_no_ray_server(slow_runs) -> None:
     assert any("this node has 4 GPUs (nvidia-smi) but GPUS_PER_NODE=8" in line for line in errors), result.stderr
     assert any("Ray is not reachable at RAY_ADDRESS=http://127.0.0.1:8265" in line and "ray start --head" in line
                for line in errors), result.stderr
-    assert [call[:2] for call in box.calls("ray")] == [["job", "list"]]  # probed, never submitted
+    assert [call[:2] for call in box.calls("ray")] == [["--version"], ["job", "list"]]  # probed, never submitted
 
 
 def test_ray_cluster_smaller_than_the_layout(slow_runs) -> None:

@@ -1,0 +1,62 @@
+"""What the warm-ups of a seed list will cost, known before the first one starts.
+
+Each seed has its own warm-up (cached on disk once trained), and the warmed-up policy of every seed with runs to train
+is held in memory until the runs are handed out. Time per warm-up step grows with the policy's parameters, the batch
+and the sequence length (prompt + longest answer); ``SECONDS_PER_UNIT`` is that product's cost on one thread of this
+project's reference CPU (the ``add`` preset on the MoE policy: ~10 s for ~200 steps), a rough figure that the
+``reverse`` preset meets within ~20% (~1.5 min). A warm-up trains between ``steps`` and ``max_steps`` steps.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from .policy import TinyPolicy
+from .sweep import SweepError
+from .warmup import WarmupConfig
+
+SECONDS_PER_UNIT = 2.2e-10
+"""Seconds of one warm-up step per parameter x example x token (see the module docstring)."""
+SHOW_ABOVE_SECONDS = 600.0
+"""Warm-ups expected to take longer than this in all are announced with their estimate before they start."""
+MEMORY_SHARE = 0.5
+"""At most this share of the memory available may hold the warmed-up policies of a sweep."""
+BYTES_PER_PARAMETER = 8
+"""A warmed-up policy in memory: its float32 weights, serialised once more to hand them to the runs."""
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def available_memory() -> int | None:
+    """This machine's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``), None where unknown."""
+    try:
+        found = re.search(r"^MemAvailable:\s+([0-9]+) kB", Path("/proc/meminfo").read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
+
+
+def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
+                  log: Callable[[str], None] = print) -> None:
+    """Refuse (SweepError) a seed list whose warmed-up policies (``training``: the seeds with runs to train) would
+    take more than ``MEMORY_SHARE`` of the available memory; announce through ``log`` the estimated time of the
+    ``uncached`` seeds' warm-ups when it exceeds ``SHOW_ABOVE_SECONDS``."""
+    task = base.make_task()
+    parameters = TinyPolicy(base.policy_config(task)).num_parameters()
+    needed, available = len(training) * parameters * BYTES_PER_PARAMETER, available_memory()
+    if available is not None and needed > MEMORY_SHARE * available:
+        share = max(1, int(MEMORY_SHARE * available // (parameters * BYTES_PER_PARAMETER)))
+        raise SweepError(f"--seeds: {len(training)} seeds to train hold {len(training)} warmed-up {base.policy} "
+                         f"policies in memory at once, ~{needed / 1e9:.1f} GB; this machine has "
+                         f"{available / 1e9:.1f} GB available. Train at most ~{share} seeds per command into the same "
+                         "--out (the sweep keeps the finished runs and trains only the missing ones)")
+    per_step = SECONDS_PER_UNIT * parameters * base.batch_size * (task.prompt_len + task.max_response_len)
+    low, high = len(uncached) * base.steps * per_step, len(uncached) * base.max_steps * per_step
+    if high > SHOW_ABOVE_SECONDS:
+        log(f"warm-up: {len(uncached)} of the seeds are not cached yet; their warm-ups alone take ~{_duration(low)} "
+            f"to ~{_duration(high)} on one thread (a rough estimate; {base.steps} to {base.max_steps} steps each), "
+            "before the first run starts. Ctrl-C now to choose fewer seeds; each finished warm-up is cached")

@@ -1,0 +1,181 @@
+"""A finished run folder checked before its numbers are used (a resumed sweep, ``--report-only``).
+
+``commit_run`` records the sha256 of every file of a run in its ``fingerprint.json``; a folder is used only when those
+files are unchanged, its ``run.json`` agrees with the fingerprint and with the folder's name
+(``<method>@<engine>[+r3]/seed<k>``), its ``metrics.jsonl`` holds every rollout with a final evaluation, and its
+summary is finite. Folders written before the hashes were recorded get the same checks without the hashes. Two folders
+holding the same ``metrics.jsonl`` are one run copied: refused, never counted twice.
+
+Anything else is a :class:`DamagedRun` naming the folder, what is wrong, and the choice: move the folder out of the
+output directory to keep it (or delete it); the next ``mismatch-ctrl lab`` into that directory trains the run again,
+because a run without its folder is a run still to train.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..formatting import brief, clip
+from .methods import RunSpec
+from .sweep import FINGERPRINT_FILE, SweepError, differences, digest
+from .trainer import RUN_FILE, LabSettings, summarize
+
+METRICS_FILE = "metrics.jsonl"
+_NOT_NUMBERS = ("label", "method", "quant", "replay", "seed", "settings")
+
+
+class DamagedRun(SweepError):
+    """A finished run folder whose files cannot be trusted; the message names the folder and what to do."""
+
+    def __init__(self, folder: Path, problem: str) -> None:
+        what = "folder" if folder.is_dir() else "file"
+        super().__init__(f"{folder}: a damaged run ({problem}); its numbers are not used. Move the {what} out of "
+                         f"{folder.parent.parent} to keep it (or delete it): the next `mismatch-ctrl lab` with this "
+                         "--out trains the run again (`--report-only` reports the other runs)")
+        self.folder = folder
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run folder that passed every check: its run, settings, per-rollout records and summary."""
+
+    folder: Path
+    spec: RunSpec
+    settings: LabSettings
+    inputs: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    metrics_sha256: str
+
+
+def _recorded_files(folder: Path, fingerprint: dict[str, Any]) -> None:
+    """Every file the fingerprint recorded is there, unchanged."""
+    files = fingerprint.get("files")
+    if files is None:
+        return
+    if not isinstance(files, dict):
+        raise DamagedRun(folder, f"{FINGERPRINT_FILE} records its files as {brief(files, 40)}, not a table")
+    for name, recorded in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise DamagedRun(folder, f"{FINGERPRINT_FILE} records a file outside the folder: {brief(name, 60)}")
+        path = folder / name
+        try:
+            content = path.read_bytes()
+        except FileNotFoundError:
+            raise DamagedRun(folder, f"{name} is missing") from None
+        except OSError as exc:
+            raise DamagedRun(folder, f"{name} cannot be read: {exc.strerror or exc}") from None
+        if hashlib.sha256(content).hexdigest() != recorded:
+            raise DamagedRun(folder, f"{name} was changed after the run finished (its sha256 differs from the one "
+                                     f"{FINGERPRINT_FILE} recorded)")
+
+
+def _fingerprint(folder: Path) -> dict[str, Any]:
+    """``fingerprint.json``: readable, with its inputs (run, settings, warm-up, method) matching its sha256."""
+    try:
+        fingerprint = json.loads((folder / FINGERPRINT_FILE).read_text())
+        inputs = fingerprint["inputs"]
+        if not all(isinstance(inputs[key], dict) for key in ("run", "settings", "warmup", "method_config")):
+            raise ValueError("its inputs are not tables")
+    except FileNotFoundError:
+        raise DamagedRun(folder, f"no {FINGERPRINT_FILE}: made by an older lab, or not a lab run") from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DamagedRun(folder, f"{FINGERPRINT_FILE} is unreadable or malformed: {clip(reason, 120)}") from None
+    if fingerprint.get("sha256") != digest(inputs):
+        raise DamagedRun(folder, f"{FINGERPRINT_FILE} was edited: its inputs no longer match its sha256")
+    return fingerprint
+
+
+def _run_info(folder: Path, inputs: dict[str, Any]) -> tuple[RunSpec, LabSettings]:
+    """``run.json`` read, and checked against the fingerprint's inputs and the folder's name."""
+    path = folder / RUN_FILE
+    try:
+        info = json.loads(path.read_text())
+        spec = RunSpec(info["method"], info["quant"], info["replay"])
+        settings = LabSettings(**info["settings"])
+    except FileNotFoundError:
+        raise DamagedRun(folder, f"{RUN_FILE} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DamagedRun(folder, f"{RUN_FILE} is unreadable or malformed: {clip(reason, 120)}") from None
+    recorded = {"run": inputs.get("run"), "settings": inputs.get("settings")}
+    found = {"run": asdict(spec), "settings": asdict(settings)}
+    if digest(recorded) != digest(found):
+        raise DamagedRun(folder, f"{RUN_FILE} disagrees with {FINGERPRINT_FILE}: {differences(recorded, found)}")
+    if (folder.parent.name, folder.name) != (spec.label, f"seed{settings.seed}"):
+        raise DamagedRun(folder, f"{RUN_FILE} is run {spec.label} seed {settings.seed}, which belongs in "
+                                 f"{spec.label}/seed{settings.seed}, not {folder.parent.name}/{folder.name} (a copied "
+                                 "or renamed folder)")
+    return spec, settings
+
+
+def _records(folder: Path, settings: LabSettings) -> tuple[list[dict[str, Any]], str]:
+    """``metrics.jsonl``: one record per rollout, the last with the final evaluation; and its sha256."""
+    path = folder / METRICS_FILE
+    try:
+        content = path.read_bytes()
+        records = [json.loads(line) for line in content.decode().splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise DamagedRun(folder, f"{METRICS_FILE} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DamagedRun(folder, f"{METRICS_FILE} is unreadable: {clip(reason, 120)}") from None
+    if not all(isinstance(r, dict) and "reward" in r for r in records):
+        raise DamagedRun(folder, f"{METRICS_FILE} holds a line that is not a rollout's record")
+    if len(records) != settings.steps or "final_eval_acc_engine" not in records[-1]:
+        raise DamagedRun(folder, f"{METRICS_FILE} holds {len(records)} of the run's {settings.steps} rollouts"
+                                 + ("" if len(records) != settings.steps else " without the final evaluation"))
+    return records, hashlib.sha256(content).hexdigest()
+
+
+def _summary(folder: Path, spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's summary; every number in it finite."""
+    try:
+        summary = summarize(spec, settings, records)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError, AttributeError, OverflowError) as exc:
+        raise DamagedRun(folder, f"{METRICS_FILE} lacks a value the summary needs ({type(exc).__name__}: "
+                                 f"{clip(str(exc), 80)})") from None
+    for key, value in summary.items():
+        if key in _NOT_NUMBERS or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise DamagedRun(folder, f"{METRICS_FILE} gives the summary's {key} = {brief(value, 40)}, not a finite "
+                                     "number")
+    return summary
+
+
+def check_run(folder: Path) -> CheckedRun:
+    """Every check of the module docstring on one run folder; :class:`DamagedRun` naming the first that fails."""
+    fingerprint = _fingerprint(folder)
+    inputs = fingerprint["inputs"]
+    _recorded_files(folder, fingerprint)
+    spec, settings = _run_info(folder, inputs)
+    records, sha = _records(folder, settings)
+    return CheckedRun(folder, spec, settings, inputs, records, _summary(folder, spec, settings, records), sha)
+
+
+def run_folders(out_dir: Path) -> list[Path]:
+    """Everything named ``<run>/seed*`` in a lab output directory: each must be a finished run folder."""
+    return sorted(out_dir.glob("*/seed*"))
+
+
+def check_runs(folders: list[Path]) -> list[CheckedRun]:
+    """``check_run`` of each folder, and no two folders holding the same ``metrics.jsonl`` (a run copied under another
+    seed or method is refused, never counted twice)."""
+    for folder in folders:
+        if not folder.is_dir():
+            raise DamagedRun(folder, "not a folder, where the lab keeps its run folders")
+    checked = [check_run(folder) for folder in folders]
+    seen: dict[str, Path] = {}
+    for run in checked:
+        if run.metrics_sha256 in seen:
+            raise DamagedRun(run.folder, f"its {METRICS_FILE} is the one of {seen[run.metrics_sha256]}: the same run "
+                                         "copied, which would count twice")
+        seen[run.metrics_sha256] = run.folder
+    return checked
