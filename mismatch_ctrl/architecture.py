@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from .errors import ConfigError
-from .formatting import brief
+from .formatting import brief, clip
 
 Architecture = Literal["dense", "moe"]
 ARCHITECTURES: tuple[str, ...] = ("dense", "moe")
@@ -29,8 +29,8 @@ def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = path / "config.json" if path.is_dir() else path
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the Hugging Face config {path} ({exc}); give the model directory (slime's "
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser takes
+        raise ConfigError(f"cannot read the Hugging Face config {path} ({clip(str(exc), 200)}); give the model directory (slime's "
                           "--hf-checkpoint) or its config.json, or set mismatch_ctrl.architecture") from None
     if not isinstance(data, dict):
         raise ConfigError(f"the Hugging Face config {path} is a JSON {type(data).__name__}, not an object of "

@@ -104,7 +104,8 @@ def _core_parser() -> argparse.ArgumentParser:
 
 def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str, list[str], list[str]]:
     """(summary, configuration errors, deferred problems) of ``PYTHON -m mismatch_ctrl check-config METHOD_CONFIG``
-    for the model's architecture (Megatron ``--num-experts``). A PYTHON without torch cannot run the check: in
+    for the model's architecture (Megatron ``--num-experts``) and the run's ``NUM_ROLLOUT`` (settings that would leave
+    a controller inert are refused, as ``on_megatron_init`` would on the cluster). A PYTHON without torch cannot run the check: in
     ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
     config = s["METHOD_CONFIG"]
     if not Path(config).is_file():
@@ -113,7 +114,8 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
                     f"{' '.join(methods)})"], []
     environment = job_env(s)
     done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, "--num-experts",
-                           str(model.num_experts)], capture_output=True, text=True, env=environment)
+                           str(model.num_experts), "--num-rollout", str(s["NUM_ROLLOUT"])], capture_output=True,
+                          text=True, env=environment)
     output = (done.stdout + done.stderr).strip()
     if done.returncode == 0:
         return output, [], []

@@ -120,3 +120,12 @@ def test_check_config_refuses_and_warns_by_the_same_rule_as_the_hook(capsys):
     assert err.count("warning:") == 1 and "drift_window = 10 but --num-rollout is 8" in err
     assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--num-rollout", "500", "--arch", "moe"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_deeply_nested_hf_config_is_named_not_a_traceback(tmp_path, capsys):
+    from mismatch_ctrl import cli
+
+    path = tmp_path / "config.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--hf-config", str(path)]) == 2
+    assert f"cannot read the Hugging Face config {path}" in capsys.readouterr().err

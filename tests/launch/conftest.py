@@ -18,6 +18,7 @@ import pytest
 from launch_harness import Result, Sandbox
 
 BROKEN_METHOD_YAML = "mismatch_ctrl:\n  name: dcgrpo\n  bogus_setting: 3\n"
+INERT_METHOD_YAML = "mismatch_ctrl:\n  name: acrl_short\n  acrl:\n    enabled: true\n    calibration_rollouts: 10\n"
 
 
 Run = tuple[Sandbox, Result, dict[str, str]]  # the sandbox, the launcher's result, the environment it got
@@ -34,6 +35,14 @@ def broken_method_yaml(box: Sandbox) -> Run:
     config = box.root / "broken.yaml"
     config.write_text(BROKEN_METHOD_YAML)
     env = {"METHOD_CONFIG": str(config)}
+    return box, box.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=env, real_check=True), env
+
+
+def inert_method_for_the_run(box: Sandbox) -> Run:
+    """A method whose ACRL would calibrate for the whole run (NUM_ROLLOUT=5), checked by the real check-config."""
+    config = box.root / "acrl_short.yaml"
+    config.write_text(INERT_METHOD_YAML)
+    env = {"METHOD_CONFIG": str(config), "NUM_ROLLOUT": "5"}
     return box, box.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=env, real_check=True), env
 
 
@@ -79,7 +88,7 @@ def launch_on_a_ready_cluster(box: Sandbox) -> Run:
 
 SCENARIOS: dict[str, Callable[[Sandbox], Run]] = {
     function.__name__: function for function in (
-        real_check_30b, broken_method_yaml, launch_without_slime, launch_on_a_ready_cluster,
+        real_check_30b, broken_method_yaml, inert_method_for_the_run, launch_without_slime, launch_on_a_ready_cluster,
         launch_on_a_bare_machine, launch_on_a_small_node_without_ray, launch_two_nodes_on_a_one_node_ray)
 }
 

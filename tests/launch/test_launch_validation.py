@@ -106,6 +106,14 @@ def test_a_broken_method_yaml_is_rejected_by_check_config(slow_runs) -> None:
     assert result.stdout == ""
 
 
+def test_the_dry_run_refuses_a_method_the_hook_init_would_refuse_for_the_run(slow_runs) -> None:
+    """issue 23 item 6: one rule (config.inert_settings) in check-config, the dry run and on_megatron_init."""
+    _, result, env = slow_runs.get("inert_method_for_the_run")
+    assert result.returncode == 2, result.stderr
+    assert f"METHOD_CONFIG={env['METHOD_CONFIG']} is invalid" in result.stderr
+    assert "calibration_rollouts = 10 without a reference, but --num-rollout is 5" in result.stderr
+
+
 @pytest.mark.parametrize("module", ["mismatch_ctrl.launch", "mismatch_ctrl.launch.imports"])
 def test_the_core_commands_have_help(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True)
