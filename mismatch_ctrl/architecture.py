@@ -30,8 +30,9 @@ def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser takes
-        raise ConfigError(f"cannot read the Hugging Face config {path} ({clip(str(exc), 200)}); give the model directory (slime's "
-                          "--hf-checkpoint) or its config.json, or set mismatch_ctrl.architecture") from None
+        raise ConfigError(f"cannot read the Hugging Face config {path} ({clip(str(exc), 200)}); give the model "
+                          "directory (slime's --hf-checkpoint) or its config.json, or set mismatch_ctrl.architecture"
+                          ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"the Hugging Face config {path} is a JSON {type(data).__name__}, not an object of "
                           f"settings; point at the model's config.json")

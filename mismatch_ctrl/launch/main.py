@@ -105,8 +105,8 @@ def _core_parser() -> argparse.ArgumentParser:
 def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str, list[str], list[str]]:
     """(summary, configuration errors, deferred problems) of ``PYTHON -m mismatch_ctrl check-config METHOD_CONFIG``
     for the model's architecture (Megatron ``--num-experts``) and the run's ``NUM_ROLLOUT`` (settings that would leave
-    a controller inert are refused, as ``on_megatron_init`` would on the cluster). A PYTHON without torch cannot run the check: in
-    ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
+    a controller inert are refused, as ``on_megatron_init`` would on the cluster). A PYTHON without torch cannot run
+    the check: in ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
     config = s["METHOD_CONFIG"]
     if not Path(config).is_file():
         methods = sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml"))
