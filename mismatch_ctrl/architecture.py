@@ -29,7 +29,10 @@ def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = path / "config.json" if path.is_dir() else path
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser takes
+    except RecursionError:
+        raise ConfigError(f"the Hugging Face config {path} is nested too deeply to be a model's config.json; give the "
+                          "model directory (slime's --hf-checkpoint) or its config.json") from None
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the Hugging Face config {path} ({clip(str(exc), 200)}); give the model "
                           "directory (slime's --hf-checkpoint) or its config.json, or set mismatch_ctrl.architecture"
                           ) from None

@@ -113,8 +113,8 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
         return "", [f"METHOD_CONFIG={config} does not exist (METHOD={s['METHOD']}; methods in configs/methods: "
                     f"{' '.join(methods)})"], []
     environment = job_env(s)
-    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, "--num-experts",
-                           str(model.num_experts), "--num-rollout", str(s["NUM_ROLLOUT"])], capture_output=True,
+    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, "--num-rollout",
+                           str(s["NUM_ROLLOUT"]), "--num-experts", str(model.num_experts)], capture_output=True,
                           text=True, env=environment)
     output = (done.stdout + done.stderr).strip()
     if done.returncode == 0:

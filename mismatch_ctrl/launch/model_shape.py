@@ -273,8 +273,6 @@ def inspect_checkpoint(directory: str | Path, kind: str, variable: str, megatron
     except ConfigError as exc:
         message = f"{path} does not exist" if not path.exists() else str(exc)
         return CheckpointReport([f"{variable}: {message}"])
-    except RecursionError:
-        return CheckpointReport([f"{variable}: {path} is nested too deeply to be a model's config.json"])
     problems = []
     quant = config.get("quantization_config")
     if kind == "fp8":

@@ -128,4 +128,4 @@ def test_a_deeply_nested_hf_config_is_named_not_a_traceback(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
     assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--hf-config", str(path)]) == 2
-    assert f"cannot read the Hugging Face config {path}" in capsys.readouterr().err
+    assert f"{path} is nested too deeply to be a model's config.json" in capsys.readouterr().err

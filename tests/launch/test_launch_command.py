@@ -76,9 +76,9 @@ def test_each_launcher_selects_its_method_and_model(sandbox: Sandbox, script: st
     assert contains_run(train, FP8_TRAINING) == fp8_training
     env_vars = json.loads(ray_option(split_submit(result.command())[0], "--runtime-env-json"))["env_vars"]
     assert ("NVTE_FP8_BLOCK_SCALING_FP32_SCALES" in env_vars) == fp8_training
-    # The method YAML was validated with the model's architecture (Megatron --num-experts).
-    assert sandbox.check_config_calls() == [
-        ["-m", "mismatch_ctrl", "check-config", str(config), "--num-experts", str(facts["num_experts"])]]
+    # The method YAML was validated with the model's architecture (Megatron --num-experts) and the run's length.
+    assert sandbox.check_config_calls() == [["-m", "mismatch_ctrl", "check-config", str(config), "--num-rollout",
+                                             "500", "--num-experts", str(facts["num_experts"])]]
 
 
 def test_8b_uses_the_dense_layout(sandbox: Sandbox) -> None:
