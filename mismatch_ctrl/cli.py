@@ -207,17 +207,6 @@ def _check_outputs(out: Path, json_path: Path | None, create: bool) -> None:
             raise ConfigError(f"--json {json_path}: {parent} is not a writable directory")
 
 
-def _rollout_count(text: str) -> int:
-    """``--num-rollout``: an integer >= 1, as slime's flag."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (slime's --num-rollout), got {text!r}")
-    return value
-
-
 def _expert_count(text: str) -> int:
     """``--num-experts``: an integer >= 0 (0: dense), as Megatron's flag."""
     try:
@@ -239,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mismatch-ctrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from .lab import options
+
     check = sub.add_parser("check-config", help="validate a method YAML (the file given to --custom-config-path)",
                            description="Validate a YAML with a top-level 'mismatch_ctrl:' key (--json: print every "
                                        "resolved setting). Exit 0 if valid, 2 with a message naming the key "
@@ -248,13 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     arch.add_argument("--arch", choices=("dense", "moe"), help="architecture for the DC-GRPO defaults")
     arch.add_argument("--num-experts", type=_expert_count, help="Megatron --num-experts of the model (> 0 means MoE)")
     arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) to read the architecture from")
-    check.add_argument("--num-rollout", type=_rollout_count, help="slime's --num-rollout: also refuse what would leave "
-                       "a controller inert over the run, and warn about guards that could not act (as the hook's "
-                       "init does)")
+    check.add_argument("--num-rollout", type=options.positive_int,
+                       help="slime's --num-rollout: also refuse what would leave a controller inert over the run, and "
+                            "warn about guards that could not act (as the hook's init does)")
     check.add_argument("--json", action="store_true", help="print every resolved setting as JSON")
     check.set_defaults(run=_check_config)
 
-    from .lab import options
     from .lab.warmup import WARMUP_PRESETS
     from .lab.run import default_jobs
 
