@@ -63,6 +63,11 @@ class SurgeSettings:
             out.append(("period_multiplier", f"must be > 0, got {self.period_multiplier}"))
         return out
 
+    def first_trigger(self) -> int:
+        """The first rollout (counted from the detector's first) at which the detector can trigger: its baseline
+        window ends ``gap`` rollouts back (and ``warmup`` has passed), then ``consecutive`` rising rollouts."""
+        return max(self.baseline_window + self.gap - 1, self.warmup) + self.consecutive - 1
+
 
 @dataclass(frozen=True)
 class LengthDecaySettings:
@@ -81,8 +86,9 @@ class LengthDecaySettings:
             out.append(("period", f"must be >= 1 rollout or 'auto', got {self.period}"))
         if not 0 < self.factor < 1:
             out.append(("factor", f"must be in (0, 1), got {self.factor}"))
-        if not 0 < self.min_scale <= 1:
-            out.append(("min_scale", f"must be in (0, 1], got {self.min_scale}"))
+        if not 0 < self.min_scale < 1:
+            out.append(("min_scale", f"must be in (0, 1), got {self.min_scale}: the learning rate never falls below "
+                                     "min_scale x --lr, so 1 would leave lr_decay inert"))
         return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import yaml
 import torch
 from slime_data import FULL, make_args, make_batch, method, rollout_data
 
@@ -129,3 +130,56 @@ def test_a_deeply_nested_hf_config_is_named_not_a_traceback(tmp_path, capsys):
     path.write_text("[" * 100_000 + "]" * 100_000)
     assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--hf-config", str(path)]) == 2
     assert f"{path} is nested too deeply to be a model's config.json" in capsys.readouterr().err
+
+
+# --- a hostile round on items 6-8 -------------------------------------------------------------------------------------
+
+FIXED = {"enabled": True, "penalty_form": "fixed", "drift_guard": "off"}
+
+
+@pytest.mark.parametrize("sections, rollouts, text", [
+    ({"dcgrpo": {**FIXED, "eps": "auto", "calibration_rollouts": 20}}, 20, "calibrate for the whole run"),
+    ({"dcgrpo": {**FIXED, "lambda_0": 0.0}}, None, "lambda_0 = 0 with penalty_form: fixed"),
+    ({"acrl": {"enabled": True, "c_min": 1.0, "c_0": 1.0, "c_max": 1.0}}, None, "ACRL would never move it"),
+])
+def test_a_controller_that_could_never_act_is_refused_in_every_place(sections, rollouts, text, tmp_path, capsys):
+    from mismatch_ctrl import cli
+
+    errors, _ = inert_settings(config(**sections), rollouts)
+    assert len(errors) == 1 and text in errors[0]
+    path = tmp_path / "method.yaml"
+    path.write_text(yaml.safe_dump({"mismatch_ctrl": {"name": "t", **MOE, **sections}}))
+    run_length = ["--num-rollout", str(rollouts)] if rollouts else []
+    assert cli.main(["check-config", str(path), *run_length]) == 2
+    assert text in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=text):
+        hooks.on_megatron_init(make_args({"name": "t", **MOE, **sections}, num_rollout=rollouts or 100))
+
+
+@pytest.mark.parametrize("sections, rollouts, text", [
+    ({"dcgrpo": {**FIXED, "drift_guard": "persistent"}}, None, "there is no dual update, so the drift guard never"),
+    ({"lr_decay": {"enabled": True, "period": "auto"}}, 31, "the detector needs 32 rollouts"),
+    ({"lr_decay": {"enabled": True, "period": "auto", "surge": {"warmup": 200}}}, 150, "the detector needs 203"),
+])
+def test_a_guard_or_schedule_that_could_never_act_is_warned_about(sections, rollouts, text, caplog):
+    errors, warnings = inert_settings(config(**sections), rollouts)
+    assert not errors and len(warnings) == 1 and text in warnings[0]
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        hooks.on_megatron_init(make_args({"name": "t", **MOE, **sections}, num_rollout=rollouts or 100))
+    assert text in caplog.text
+
+
+def test_the_surge_detector_is_not_warned_about_when_it_can_trigger():
+    assert inert_settings(config(lr_decay={"enabled": True, "period": "auto"}), 32) == ([], [])
+
+
+def test_an_eps_auto_factor_nothing_uses_is_not_warned_about():
+    """Only eps: auto, the floor guard's clamp and the drift guard multiply a floor by eps_auto_factor."""
+    unused = {"enabled": True, "eps": 0.01, "eps_guard": "off", "drift_guard": "off", "eps_auto_factor": 50.0}
+    assert inert_settings(config(dcgrpo=unused)) == ([], [])
+    assert inert_settings(config(dcgrpo={**FIXED, "eps_auto_factor": 50.0})) == ([], [])
+
+
+def test_a_min_scale_of_one_that_would_never_decay_the_lr_is_refused():
+    with pytest.raises(ConfigError, match=r"lr_decay.min_scale: must be in \(0, 1\), got 1.0: .*inert"):
+        config(lr_decay={"enabled": True, "period": 10, "min_scale": 1})
