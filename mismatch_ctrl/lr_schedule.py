@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from .errors import StateError
-from .state import count, list_of, mapping, nonnegative, number, optional, positive, validated
+from .state import count, list_of, mapping, nonnegative, optional, positive, validated
 
 TRUNCATION_HEADROOM = 0.9
 """Fraction of the maximum response length a mean length can plausibly reach (used to cap the trigger ratio)."""
@@ -165,8 +165,8 @@ class SurgeDetector:
             self.onset = self.start + j
 
     STATE = {"start": optional(count), "lengths": list_of(nonnegative), "short_means": list_of(nonnegative),
-             "baseline": optional(number), "ratio": optional(number), "threshold": positive, "streak": count,
-             "onset": optional(count), "triggered_at": optional(count)}
+             "baseline": optional(nonnegative), "ratio": optional(nonnegative), "threshold": positive,
+             "streak": count, "onset": optional(count), "triggered_at": optional(count)}
 
     def state_dict(self) -> dict[str, Any]:
         """A snapshot (lists copied: later updates do not change it)."""
@@ -174,13 +174,22 @@ class SurgeDetector:
 
     def load_state_dict(self, state: Mapping[str, Any], where: str = "surge") -> None:
         """Restore a snapshot taken by ``state_dict`` (state protocol of :mod:`mismatch_ctrl.state`): the length
-        history is required, a detector cannot resume from nothing."""
+        history is required, a detector cannot resume from nothing; the streak, the onset and the trigger lie within
+        it."""
         state = validated(state, self.STATE, where)
-        if len(state["short_means"]) != len(state["lengths"]) or (state["start"] is None) != (not state["lengths"]):
-            raise StateError(f"{where}.short_means: {len(state['short_means'])} entries for {len(state['lengths'])} "
-                             f"lengths (start {state['start']}): the history is inconsistent")
-        if state["triggered_at"] is not None and (state["onset"] is None or state["baseline"] is None):
-            raise StateError(f"{where}.triggered_at: {state['triggered_at']} without an onset and a baseline")
+        lengths, start, onset, triggered = len(state["lengths"]), state["start"], state["onset"], state["triggered_at"]
+        if len(state["short_means"]) != lengths or (start is None) != (not lengths):
+            raise StateError(f"{where}.short_means: {len(state['short_means'])} entries for {lengths} "
+                             f"lengths (start {start}): the history is inconsistent")
+        if state["streak"] > lengths:
+            raise StateError(f"{where}.streak: {state['streak']} rising rollouts in a history of {lengths}: the "
+                             "history is inconsistent")
+        if triggered is not None and (onset is None or state["baseline"] is None):
+            raise StateError(f"{where}.triggered_at: {triggered} without an onset and a baseline")
+        if onset is not None and not (triggered is not None and start <= onset <= triggered < start + lengths):
+            raise StateError(f"{where}.onset: onset {onset} and trigger {triggered} do not lie in order within the "
+                             f"history of rollouts {start} to {start + lengths - 1 if lengths else None}: the history "
+                             "is inconsistent")
         for key, value in state.items():
             setattr(self, key, value)
 

@@ -4,6 +4,7 @@ are refused naming the field; the TIS hook refuses a non-floating ``pg_loss`` an
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -183,3 +184,102 @@ def test_an_eps_auto_factor_nothing_uses_is_not_warned_about():
 def test_a_min_scale_of_one_that_would_never_decay_the_lr_is_refused():
     with pytest.raises(ConfigError, match=r"lr_decay.min_scale: must be in \(0, 1\), got 1.0: .*inert"):
         config(lr_decay={"enabled": True, "period": 10, "min_scale": 1})
+
+
+def saved_run(tmp_path):
+    """Three DC-GRPO rollouts saved as slime would run them, rollout 2 marked as Megatron's checkpoint."""
+    args = make_args(method("dcgrpo"), save=str(tmp_path), save_interval=3)
+    for r in range(3):
+        hooks.advantages(args, rollout_data(make_batch(100 + r), FULL))
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    return tmp_path / "mismatch_ctrl"
+
+
+def resume(tmp_path):
+    args = make_args(method("dcgrpo"), load=str(tmp_path), save=str(tmp_path))
+    hooks.on_megatron_init(args)
+    return args
+
+
+def edited(state, path, value):
+    *keys, last = path
+    for key in keys:
+        state = state[key]
+    state[last] = value
+
+
+INCONSISTENT_STATES = [
+    (("dcgrpo", "rollouts"), 0, r"dcgrpo\.rollouts: 0 rollouts updated the controller but 3 C_bar were observed"),
+    (("dcgrpo", "eps"), 1e-9, r"dcgrpo\.eps: 1e-09 is below the run's eps 0.005"),
+    (("dcgrpo", "lifts"), 10 ** 30, r"dcgrpo\.lifts: must be an integer >= 0 \(and below 2\*\*53\)"),
+    (("surge", "start"), 2 ** 60, r"surge\.start: must be an integer >= 0 \(and below 2\*\*53\)"),
+    (("surge", "baseline"), -100.0, r"surge\.baseline: must be >= 0"),
+    (("surge", "streak"), 100, r"surge\.streak: 100 rising rollouts in a history of 3"),
+    (("surge", "onset"), 1, r"surge\.onset: onset 1 and trigger None do not lie in order"),
+    (("last_rollout",), 99, r"last_rollout: 99, but the surge detector's history .* ends at rollout 2"),
+]
+
+
+@pytest.mark.parametrize("path, value, message", INCONSISTENT_STATES)
+def test_a_restored_state_out_of_range_or_inconsistent_is_refused_naming_the_field(path, value, message, tmp_path):
+    state_file = saved_run(tmp_path) / "state_0000002.json"
+    document = json.loads(state_file.read_text())
+    edited(document["state"], path, value)
+    state_file.write_text(json.dumps(document))
+    with pytest.raises(StateError, match=message):
+        resume(tmp_path)
+
+
+@pytest.mark.parametrize("path, value, message", INCONSISTENT_STATES)
+def test_a_refused_state_leaves_the_live_controllers_as_they_were(path, value, message):
+    controllers = ControllerSet(config(dcgrpo={"enabled": True, "eps": 0.005}))
+    for r in range(3):
+        controllers.dcgrpo.update(0.004 + 0.001 * r)
+        controllers.surge.update(r, 100.0)
+        controllers.last_rollout = r
+    state, before = controllers.state_dict(), json.dumps(controllers.state_dict())
+    edited(state, path, value)
+    with pytest.raises(StateError, match=message):
+        controllers.load_state_dict(state)
+    assert json.dumps(controllers.state_dict()) == before
+
+
+def test_a_surge_trigger_beyond_the_history_is_refused():
+    from mismatch_ctrl.lr_schedule import SurgeDetector, SurgeSettings
+
+    detector = SurgeDetector(SurgeSettings())
+    for r in range(3):
+        detector.update(r, 100.0)
+    state = {**detector.state_dict(), "onset": 1, "triggered_at": 40, "baseline": 100.0}
+    with pytest.raises(StateError, match=r"surge\.onset: onset 1 and trigger 40 do not lie in order within the history "
+                                         r"of rollouts 0 to 2"):
+        detector.load_state_dict(state)
+
+
+def test_a_state_file_copied_from_another_rollout_is_refused(tmp_path):
+    directory = saved_run(tmp_path)
+    document = json.loads((directory / "state_0000001.json").read_text())
+    document["rollout_id"] = 2
+    (directory / "state_0000002.json").write_text(json.dumps(document))
+    with pytest.raises(StateError, match=r"state_0000002.json: state.last_rollout: 1, but the file is the state after "
+                                         "rollout 2"):
+        resume(tmp_path)
+
+
+def test_a_state_file_with_a_key_given_twice_is_refused(tmp_path):
+    state_file = saved_run(tmp_path) / "state_0000002.json"
+    text = state_file.read_text()
+    state_file.write_text(text.replace('"lam":', '"lam": 0.9, "lam":', 1))
+    with pytest.raises(StateError, match=r"unreadable mismatch_ctrl state \(duplicate key 'lam': the file was edited"):
+        resume(tmp_path)
+
+
+def test_a_streak_longer_than_the_window_is_cut_with_a_warning_naming_it(caplog):
+    settings = config(dcgrpo={"enabled": True, "eps": 0.005}).dcgrpo
+    state = {**LagrangeController(settings).state_dict(), "streak": [0.01] * 25}
+    controller = LagrangeController(settings)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        controller.load_state_dict(state)
+    assert controller.streak == [0.01] * 9
+    assert "dcgrpo.streak: 25 rollouts saved, more than drift_window - 1 = 9 of the configuration: kept the newest 9" \
+        in caplog.text
