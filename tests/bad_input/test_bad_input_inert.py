@@ -8,14 +8,15 @@ import json
 import logging
 
 import pytest
-import yaml
 import torch
-from slime_data import FULL, make_args, make_batch, method, rollout_data
+import yaml
+from slime_data import FULL, PREFIX, make_args, make_batch, method, rollout_data
 
 from mismatch_ctrl.config import build_config, inert_settings
 from mismatch_ctrl.controllers import ControllerSet
 from mismatch_ctrl.dcgrpo import LagrangeController
 from mismatch_ctrl.errors import ConfigError, InputError, StateError
+from mismatch_ctrl.hostguard import HostGuard
 from mismatch_ctrl.slime import hooks
 
 MOE = {"architecture": "moe"}
@@ -283,3 +284,64 @@ def test_a_streak_longer_than_the_window_is_cut_with_a_warning_naming_it(caplog)
     assert controller.streak == [0.01] * 9
     assert "dcgrpo.streak: 25 rollouts saved, more than drift_window - 1 = 9 of the configuration: kept the newest 9" \
         in caplog.text
+
+
+@pytest.mark.parametrize("hook", ["advantages", "rollout_correction"])
+def test_complex_loss_masks_are_refused_naming_them(hook):
+    d = rollout_data(make_batch(3), FULL)
+    d["loss_masks"] = [m.to(torch.complex64) for m in d["loss_masks"]]
+    with pytest.raises(InputError, match="loss_masks must hold 0/1 values .*got dtype torch.complex64"):
+        if hook == "advantages":
+            hooks.advantages(make_args(method("grpo")), d)
+        else:
+            hooks.rollout_correction(make_args(method("token_tis")), **tis_kwargs(loss_masks=d["loss_masks"]))
+
+
+def test_rollout_data_on_two_devices_is_named_not_a_torch_error():
+    d = rollout_data(make_batch(3), FULL)
+    d["kl"] = [t.to("meta") for t in d["kl"]]
+    with pytest.raises(InputError, match=r"rollout_data kl\[0\] is on meta but loss_masks\[0\] is on cpu"):
+        hooks.advantages(make_args(method("grpo")), d)
+
+
+@pytest.mark.parametrize("rewards", [torch.ones(16, dtype=torch.complex64), torch.ones(16, dtype=torch.bool),
+                                     [torch.tensor(1 + 1j)] * 16])
+def test_rewards_that_are_no_real_numbers_are_refused(rewards):
+    d = rollout_data(make_batch(3), FULL)
+    with pytest.raises(InputError, match=r"rewards(\[0\])? must hold real numbers, got a tensor of dtype"):
+        hooks.advantages(make_args(method("grpo")), {**d, "rewards": rewards})
+
+
+@pytest.mark.parametrize("name", ["grpo", "token_tis", "dcgrpo"])
+def test_an_empty_batch_stays_on_the_device_of_the_hooks(name):
+    args = make_args(method(name))
+    empty = {"rewards": [], "response_lengths": [], "total_lengths": [], "loss_masks": [], "log_probs": [],
+             "rollout_log_probs": [], "kl": []}
+    loss = torch.zeros(0, requires_grad=True)  # made outside the guard: a device tensor
+    with HostGuard() as advantage_guard:
+        hooks.advantages(args, empty)
+    with HostGuard() as tis_guard:
+        pg_loss, masks, metrics = hooks.rollout_correction(args, pg_loss=loss, train_log_probs=[],
+                                                           rollout_log_probs=[], loss_masks=[], total_lengths=[],
+                                                           response_lengths=[])
+    assert empty["advantages"] == [] and pg_loss.shape == (0,) and masks == []
+    assert all(v.shape == (0,) for v in metrics.values())
+    assert advantage_guard.syncs <= 2 and tis_guard.syncs <= 1
+
+
+@pytest.mark.parametrize("name", ["grpo", "token_tis"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_nonfinite_pg_loss_at_an_untrained_token_does_not_reach_slimes_loss(name, value):
+    """slime sums pg_loss x mask: NaN x 0 is NaN, so the hook zeroes it at untrained tokens (every method alike),
+    reading whether to in its one host synchronisation."""
+    kwargs = tis_kwargs()
+    untrained = int((torch.cat(kwargs["loss_masks"]) == 0).nonzero()[0])
+    pg_loss = torch.randn(kwargs["pg_loss"].numel())
+    pg_loss[untrained] = value
+    pg_loss.requires_grad_()
+    with HostGuard() as guard:
+        out, _, metrics = hooks.rollout_correction(make_args(method(name)), **{**kwargs, "pg_loss": pg_loss})
+    assert guard.syncs == 1 and bool(torch.isfinite(out).all()) and out[untrained] == 0
+    out.sum().backward()
+    assert bool(torch.isfinite(pg_loss.grad).all())
+    assert float(metrics[PREFIX + "nonfinite_pg_loss_fraction"].sum()) == 0
