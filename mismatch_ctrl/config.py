@@ -23,7 +23,7 @@ import yaml
 
 from .acrl import ACRLSettings
 from .architecture import Architecture, resolve_architecture
-from .batch import NonFinitePolicy
+from .batch import LOG_RATIO_BOUND, NonFinitePolicy
 from .correction import CorrectionSpec
 from .dcgrpo import DCGRPOSettings
 from .errors import ConfigError
@@ -241,13 +241,13 @@ rollouts span about 1e-3 to 2e-2): DC-GRPO would rarely act [ours]."""
 def inert_settings(config: Config, num_rollout: int | None = None) -> tuple[list[str], list[str]]:
     """``(errors, warnings)``: settings that would leave a controller or a guard inert, over a run of ``num_rollout``
     rollouts when given. An error is a controller that would never act (DC-GRPO calibrating ``eps: auto`` for the
-    whole run or fixed at ``lambda_0 = 0``, ACRL measuring its reference for the whole run or with a band fixed at
-    ``c_min = c_max``); a warning a guard or schedule that could not or would rarely act (the infeasible-budget
-    guard's floor window, the drift guard's streak or, under ``penalty_form: fixed``, any drift guard, the LR decay's
-    period or the surge detector's windows, an ``eps_auto_factor`` far above the floor). One rule for ``mismatch-ctrl
-    check-config``, the launchers' ``--dry-run`` and slime's ``on_megatron_init``, so the first two refuse what the
-    third would, before a cluster starts. (Values that are never valid, an ``eps_auto_factor`` at or below 1 among
-    them, are refused when the config is read.)"""
+    whole run or fixed at ``lambda_0 = 0``, ACRL measuring its reference for the whole run, with a band fixed at
+    ``c_min = c_max`` or a reference no ``D`` can exceed); a warning a guard or schedule that could not or would
+    rarely act (the infeasible-budget guard's floor window, the drift guard's streak or, under ``penalty_form:
+    fixed``, any drift guard, the LR decay's period or the surge detector's windows, an ``eps_auto_factor`` far above
+    the floor). One rule for ``mismatch-ctrl check-config``, the launchers' ``--dry-run`` and slime's
+    ``on_megatron_init``, so the first two refuse what the third would, before a cluster starts. (Values that are
+    never valid, an ``eps_auto_factor`` at or below 1 among them, are refused when the config is read.)"""
     errors, warnings = [], []
     d, a, decay = config.dcgrpo, config.acrl, config.lr_decay
     fixed, auto = d.penalty_form == "fixed", d.eps == "auto"
@@ -267,6 +267,11 @@ def inert_settings(config: Config, num_rollout: int | None = None) -> tuple[list
         errors.append(f"{ROOT_KEY}.acrl.c_min = c_max = {a.c_max:g}: the band [1 / (1 + c), 1 + c] is fixed and ACRL "
                       "would never move it; widen [c_min, c_max] or use a token IS preset (correction.preset: "
                       "token_tis) for a fixed clip")
+    if a.enabled and a.reference is not None and a.band_high * a.reference >= LOG_RATIO_BOUND:
+        errors.append(f"{ROOT_KEY}.acrl.reference = {a.reference:g}: D, the median per-sequence mean |log-ratio|, "
+                      f"never exceeds {LOG_RATIO_BOUND:g} (log-ratios are clamped there), so it never rises above "
+                      f"band_high x reference = {a.band_high * a.reference:g} and ACRL could only widen its band; give "
+                      "a D measured in a run (rollout/mismatch_ctrl/acrl_discrepancy) or null to calibrate it")
     if num_rollout is None:
         return errors, warnings
     run = f"--num-rollout is {num_rollout}"

@@ -345,3 +345,17 @@ def test_a_nonfinite_pg_loss_at_an_untrained_token_does_not_reach_slimes_loss(na
     out.sum().backward()
     assert bool(torch.isfinite(pg_loss.grad).all())
     assert float(metrics[PREFIX + "nonfinite_pg_loss_fraction"].sum()) == 0
+
+
+def test_an_acrl_reference_no_discrepancy_can_exceed_is_refused_in_config_and_state():
+    """D of log-ratios clamped to +-20 never exceeds 20: a band_high x reference at or above it never shrinks the
+    band; a saved reference, D or history beyond the histogram's range is corrupt."""
+    errors, _ = inert_settings(config(acrl={"enabled": True, "reference": 15.0}))
+    assert len(errors) == 1 and "band_high x reference = 22.5 and ACRL could only widen its band" in errors[0]
+    assert inert_settings(config(acrl={"enabled": True, "reference": 0.01})) == ([], [])
+    controllers = ControllerSet(config(acrl={"enabled": True}))
+    for key, value in (("reference", 1e300), ("last", 500.0), ("observed", [0.01, 1e6])):
+        state = controllers.state_dict()
+        state["acrl"][key] = value
+        with pytest.raises(StateError, match=rf"acrl\.{key}: .*must be <= 100 \(D is a median per-sequence mean"):
+            controllers.load_state_dict(state)
