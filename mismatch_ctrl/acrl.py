@@ -25,7 +25,7 @@ from .correction import CorrectionSpec
 from .errors import StateError
 from .seqstats import BatchTotals, Columns, Reduced, SeqStats
 from .signals import SIGNAL_COLUMNS
-from .sketch import histogram_quantiles, log_histogram
+from .sketch import HIGH, histogram_quantiles, log_histogram
 from .state import list_of, nonnegative, optional, positive, validated
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,15 @@ class SequenceDiscrepancy:
         self.value = None if math.isnan(median) else median
 
 
+def discrepancy(value: Any) -> float:
+    """A state check: a ``D`` (or a median of them) as the histogram reports it, within ``[0, HIGH]`` (a saved one
+    beyond is corrupt: ``D`` of clamped log-ratios never exceeds 20)."""
+    out = nonnegative(value)
+    if out > HIGH:
+        raise ValueError(f"must be <= {HIGH:g} (D is a median per-sequence mean |log-ratio|), got {out:g}")
+    return out
+
+
 class BandController:
     """The half-width ``c`` of the ACRL clip band, updated once per rollout (our interpretation)."""
 
@@ -117,8 +126,8 @@ class BandController:
         elif d < s.band_low * self.reference:
             self.c = min(s.grow * self.c, s.c_max)
 
-    STATE = {"c": positive, "reference": optional(positive), "observed": list_of(nonnegative),
-             "last": optional(nonnegative)}
+    STATE = {"c": positive, "reference": optional(lambda value: discrepancy(positive(value))),
+             "observed": list_of(discrepancy), "last": optional(discrepancy)}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""

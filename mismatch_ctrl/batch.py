@@ -236,6 +236,9 @@ class TokenBatch:
             if name != "mask" and not t.is_floating_point():
                 raise InputError(f"{name} must hold floating-point log-probs, got dtype {t.dtype}: integer or boolean "
                                  "values are token ids or masks, not log-probs (check which list was passed)")
+            if name == "mask" and t.is_complex():
+                raise InputError(f"loss_masks must hold 0/1 values (bool, integer or floating point), got dtype "
+                                 f"{t.dtype} (check which list was passed)")
         devices = {name: t.device for name, t in (("train_log_probs", train_log_probs),
                                                   ("rollout_log_probs", rollout_log_probs), ("mask", mask))}
         if len(set(devices.values())) > 1:
@@ -302,9 +305,11 @@ class TokenBatch:
         loss_masks: Sequence[torch.Tensor],
         nonfinite: NonFinitePolicy = "mask",
         watch: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None = None,
+        device: torch.device | None = None,
     ) -> TokenBatch:
         """From slime's per-sample lists (one 1-D tensor per response, all three of equal length per sample, all on
-        one device); ``watch`` as in :meth:`build`."""
+        one device); ``watch`` as in :meth:`build`; ``device`` holds a batch without samples (default: the CPU), so
+        it meets the caller's other tensors."""
         counts = {"train_log_probs": len(train_log_probs), "rollout_log_probs": len(rollout_log_probs),
                   "loss_masks": len(loss_masks)}
         if len(set(counts.values())) != 1:
@@ -326,8 +331,8 @@ class TokenBatch:
                     f"has {m.numel()}; both engines must score exactly the response tokens of the sample"
                 )
         if not sizes:
-            empty = torch.zeros(0)
-            return cls.build(Segments([]), empty, empty, empty, nonfinite, watch)
+            empty = torch.zeros(0, device=device)
+            return cls.build(Segments([], device=device), empty, empty, empty, nonfinite, watch)
         device = train_log_probs[0].device
         return cls.build(
             Segments(sizes, device=device),

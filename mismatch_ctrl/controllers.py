@@ -176,6 +176,11 @@ class ControllerSet:
             controller = getattr(restored, key)
             if controller is not None:
                 controller.load_state_dict(state[key], f"{where}.{key}")
+        surge, last = restored.surge, state["last_rollout"]
+        ends = None if surge.start is None else surge.start + len(surge.lengths) - 1
+        if ends != last:
+            raise StateError(f"{where}.last_rollout: {last}, but the surge detector's history (one length per "
+                             f"rollout) ends at rollout {ends}: the state is inconsistent; the file was edited")
         self.dcgrpo, self.surge, self.acrl = restored.dcgrpo, restored.surge, restored.acrl
         self.lr = LengthTriggeredLR(self.config.lr_decay, self.surge) if self.config.lr_decay.enabled else None
         self.last_rollout = state["last_rollout"]

@@ -396,9 +396,11 @@ class LagrangeController:
         - ``eps``: a changed numeric eps applies from now on, with a warning naming both values (the infeasible-budget
           guard checks it against the saved floor); a switch between ``auto`` and a number is an error, because the
           saved run either has no calibration to resume or would keep an eps the configuration no longer asks for.
-        - the calibration window (``calibration_rollouts`` / ``floor_rollouts``) must be the one of the saved run.
+        - the calibration window (``calibration_rollouts`` / ``floor_rollouts``) must be the one of the saved run, and
+          the ``observed`` ``C_bar`` are the first of its ``rollouts``; a numeric run's ``eps`` is never below its
+          ``eps_setting`` (the guards only raise it).
         - the drift guard's streak keeps its newest ``drift_window - 1`` rollouts (a shorter window may fire at the
-          next update).
+          next update), with a warning when that drops some.
         """
         s = self.settings
         state = validated(state, self.STATE, where)
@@ -416,9 +418,20 @@ class LagrangeController:
             raise StateError(f"{where}.observed: {observed} rollouts observed and floor {floor} do not fit "
                              f"dcgrpo.{key} = {self.window} of the configuration: keep {key} as it was when the run "
                              "started")
+        if observed != min(state["rollouts"], self.window):
+            raise StateError(f"{where}.rollouts: {state['rollouts']} rollouts updated the controller but {observed} "
+                             f"C_bar were observed (the first {self.window} of them are kept): the state is "
+                             "inconsistent; the file was edited")
+        if saved_setting != "auto" and state["eps"] < saved_setting:
+            raise StateError(f"{where}.eps: {state['eps']:g} is below the run's eps {saved_setting:g}, which the "
+                             "infeasible-budget and drift guards only ever raise: the file was edited")
+        keep = s.drift_window - 1
+        if len(state["streak"]) > keep:
+            log.warning("%s.streak: %d rollouts saved, more than drift_window - 1 = %d of the configuration: kept "
+                        "the newest %d", where, len(state["streak"]), keep, keep)
         self.observed, self.floor = state["observed"], state["floor"]
         self.rollouts, self.skipped = state["rollouts"], state["skipped"]
-        self.streak, self.lifts = state["streak"][-(s.drift_window - 1):], state["lifts"]
+        self.streak, self.lifts = state["streak"][-keep:], state["lifts"]
         self.eps = state["eps"]
         if not self.auto and saved_setting != s.eps:
             log.warning("%s: eps changed from %.4g (saved run) to %.4g (configuration): %.4g applies from now on",

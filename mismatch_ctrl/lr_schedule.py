@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from .errors import StateError
-from .state import count, list_of, mapping, nonnegative, number, optional, positive, validated
+from .state import count, list_of, mapping, nonnegative, optional, positive, validated
 
 TRUNCATION_HEADROOM = 0.9
 """Fraction of the maximum response length a mean length can plausibly reach (used to cap the trigger ratio)."""
@@ -63,6 +63,11 @@ class SurgeSettings:
             out.append(("period_multiplier", f"must be > 0, got {self.period_multiplier}"))
         return out
 
+    def first_trigger(self) -> int:
+        """The first rollout (counted from the detector's first) at which the detector can trigger: its baseline
+        window ends ``gap`` rollouts back (and ``warmup`` has passed), then ``consecutive`` rising rollouts."""
+        return max(self.baseline_window + self.gap - 1, self.warmup) + self.consecutive - 1
+
 
 @dataclass(frozen=True)
 class LengthDecaySettings:
@@ -81,8 +86,9 @@ class LengthDecaySettings:
             out.append(("period", f"must be >= 1 rollout or 'auto', got {self.period}"))
         if not 0 < self.factor < 1:
             out.append(("factor", f"must be in (0, 1), got {self.factor}"))
-        if not 0 < self.min_scale <= 1:
-            out.append(("min_scale", f"must be in (0, 1], got {self.min_scale}"))
+        if not 0 < self.min_scale < 1:
+            out.append(("min_scale", f"must be in (0, 1), got {self.min_scale}: the learning rate never falls below "
+                                     "min_scale x --lr, so 1 would leave lr_decay inert"))
         return out
 
 
@@ -159,8 +165,8 @@ class SurgeDetector:
             self.onset = self.start + j
 
     STATE = {"start": optional(count), "lengths": list_of(nonnegative), "short_means": list_of(nonnegative),
-             "baseline": optional(number), "ratio": optional(number), "threshold": positive, "streak": count,
-             "onset": optional(count), "triggered_at": optional(count)}
+             "baseline": optional(nonnegative), "ratio": optional(nonnegative), "threshold": positive,
+             "streak": count, "onset": optional(count), "triggered_at": optional(count)}
 
     def state_dict(self) -> dict[str, Any]:
         """A snapshot (lists copied: later updates do not change it)."""
@@ -168,13 +174,22 @@ class SurgeDetector:
 
     def load_state_dict(self, state: Mapping[str, Any], where: str = "surge") -> None:
         """Restore a snapshot taken by ``state_dict`` (state protocol of :mod:`mismatch_ctrl.state`): the length
-        history is required, a detector cannot resume from nothing."""
+        history is required, a detector cannot resume from nothing; the streak, the onset and the trigger lie within
+        it."""
         state = validated(state, self.STATE, where)
-        if len(state["short_means"]) != len(state["lengths"]) or (state["start"] is None) != (not state["lengths"]):
-            raise StateError(f"{where}.short_means: {len(state['short_means'])} entries for {len(state['lengths'])} "
-                             f"lengths (start {state['start']}): the history is inconsistent")
-        if state["triggered_at"] is not None and (state["onset"] is None or state["baseline"] is None):
-            raise StateError(f"{where}.triggered_at: {state['triggered_at']} without an onset and a baseline")
+        lengths, start, onset, triggered = len(state["lengths"]), state["start"], state["onset"], state["triggered_at"]
+        if len(state["short_means"]) != lengths or (start is None) != (not lengths):
+            raise StateError(f"{where}.short_means: {len(state['short_means'])} entries for {lengths} "
+                             f"lengths (start {start}): the history is inconsistent")
+        if state["streak"] > lengths:
+            raise StateError(f"{where}.streak: {state['streak']} rising rollouts in a history of {lengths}: the "
+                             "history is inconsistent")
+        if triggered is not None and (onset is None or state["baseline"] is None):
+            raise StateError(f"{where}.triggered_at: {triggered} without an onset and a baseline")
+        if onset is not None and not (triggered is not None and start <= onset <= triggered < start + lengths):
+            raise StateError(f"{where}.onset: onset {onset} and trigger {triggered} do not lie in order within the "
+                             f"history of rollouts {start} to {start + lengths - 1 if lengths else None}: the history "
+                             "is inconsistent")
         for key, value in state.items():
             setattr(self, key, value)
 

@@ -58,6 +58,17 @@ def _deeper_than(value: Any, limit: int) -> bool:
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return False
 
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys occur once (the parser would keep the last of two silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {brief(key)}: the file was edited; keep one of them")
+        out[key] = value
+    return out
+
+
 Check = Callable[[Any], Any]
 """Returns the value (converted, e.g. int -> float) or raises ``ValueError`` with what is wrong."""
 
@@ -91,10 +102,15 @@ def positive(value: Any) -> float:
     return out
 
 
+MAX_COUNT = 2 ** 53
+"""Rollout ids and counters stay below this (a float holds them exactly, and the LR period multiplies the surge onset
+as a float); a larger one is not a run's."""
+
+
 def count(value: Any) -> int:
-    """An integer >= 0 (a rollout id or a counter)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"must be an integer >= 0, got {brief(value)}")
+    """An integer >= 0 and below :data:`MAX_COUNT` (a rollout id or a counter)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_COUNT:
+        raise ValueError(f"must be an integer >= 0 (and below 2**53), got {brief(value)}")
     return value
 
 
@@ -240,7 +256,7 @@ class StateStore:
         try:
             if path.stat().st_size > MAX_STATE_BYTES:
                 raise ValueError(f"{path.stat().st_size} bytes, more than a state file's {MAX_STATE_BYTES}")
-            document = json.loads(path.read_text())
+            document = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
             if _deeper_than(document, MAX_DEPTH):
                 raise ValueError(f"values nested deeper than a state file's {MAX_DEPTH} levels")
         except (OSError, ValueError, RecursionError) as exc:

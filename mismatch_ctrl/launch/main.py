@@ -105,17 +105,18 @@ def _core_parser() -> argparse.ArgumentParser:
 def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str, list[str], list[str]]:
     """(summary, configuration errors, deferred problems) of ``PYTHON -m mismatch_ctrl check-config METHOD_CONFIG``
     for the model's architecture (Megatron ``--num-experts``) and the run's ``NUM_ROLLOUT`` (settings that would leave
-    a controller inert are refused, as ``on_megatron_init`` would on the cluster). A PYTHON without torch cannot run
-    the check: in ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
+    a controller inert are refused, as ``on_megatron_init`` would on the cluster; a ``NUM_ROLLOUT`` that is no
+    positive integer is named by the settings' own check, and the method is checked without it). A PYTHON without
+    torch cannot run the check: in ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
     config = s["METHOD_CONFIG"]
     if not Path(config).is_file():
         methods = sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml"))
         return "", [f"METHOD_CONFIG={config} does not exist (METHOD={s['METHOD']}; methods in configs/methods: "
                     f"{' '.join(methods)})"], []
     environment = job_env(s)
-    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, "--num-rollout",
-                           str(s["NUM_ROLLOUT"]), "--num-experts", str(model.num_experts)], capture_output=True,
-                          text=True, env=environment)
+    run_length = ["--num-rollout", s["NUM_ROLLOUT"]] if s.is_positive_integer("NUM_ROLLOUT") else []
+    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, *run_length, "--num-experts",
+                           str(model.num_experts)], capture_output=True, text=True, env=environment)
     output = (done.stdout + done.stderr).strip()
     if done.returncode == 0:
         return output, [], []

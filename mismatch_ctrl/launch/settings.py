@@ -194,6 +194,10 @@ class Settings:
     def flag(self, name: str) -> bool:
         return self.values[name] == "1"
 
+    def is_positive_integer(self, name: str) -> bool:
+        """Whether ``name`` holds a positive integer (:meth:`problems` names it otherwise)."""
+        return bool(_POSITIVE.fullmatch(self[name]))
+
     @property
     def pass_env(self) -> list[str]:
         return self.values["PASS_ENV"].split()
@@ -201,7 +205,7 @@ class Settings:
     def problems(self) -> list[str]:
         """A line per value of the wrong form (integers, 0/1 flags, choices, PASS_ENV names)."""
         out = [f"{name}={self[name]} must be a positive integer" for name in POSITIVE_INTEGERS
-               if not _POSITIVE.fullmatch(self[name])]
+               if not self.is_positive_integer(name)]
         if not re.fullmatch(r"[0-9]+", self["EVAL_INTERVAL"]):
             out.append(f"EVAL_INTERVAL={self['EVAL_INTERVAL']} must be 0 (off) or a positive integer")
         out += [f"{name}={self[name]} must be 0 or 1" for name in FLAGS if self[name] not in ("0", "1")]

@@ -41,10 +41,13 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
                          "engine's; slime records them with its SGLang rollout (a custom generate function must set "
                          "sample.rollout_log_probs)")
     train_log_probs = rollout_data.get("log_probs")
+    shapes = rollout_data.get("kl") or rollout_log_probs or []
+    device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     layout = LocalLayout(rollout_data["total_lengths"], response_lengths, topo)
     batch = None
     if train_log_probs is not None:
-        batch = layout.batch(train_log_probs, rollout_log_probs or [], rollout_data["loss_masks"], config.nonfinite)
+        batch = layout.batch(train_log_probs, rollout_log_probs or [], rollout_data["loss_masks"], config.nonfinite,
+                             device=device)
     elif config.needs_train_log_probs and rewards:
         raise InputError(
             "rollout_data has no 'log_probs' (the training engine's recompute), which DC-GRPO / ACRL need: add "
@@ -53,8 +56,6 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
         runtime.warn_once("no_log_probs", "mismatch_ctrl: rollout_data has no 'log_probs'; mismatch metrics are "
                                           "skipped (add --get-mismatch-metrics to record them)")
 
-    shapes = rollout_data.get("kl") or rollout_log_probs or []
-    device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reward_t = host.to_device(rewards, device, torch.float32)
     step = controllers.step(rollout_id, reward_t, batch, response_lengths,
                             max_response_length=getattr(args, "rollout_max_response_len", None),

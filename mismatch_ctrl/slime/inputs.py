@@ -45,6 +45,7 @@ def check_rollout_data(rollout_data: Any, runtime: Runtime) -> list[float]:
     for key in TENSOR_LISTS:
         if rollout_data.get(key) is not None:
             check_tensor_list(key, rollout_data[key], n)
+    check_one_device({key: rollout_data[key] for key in TENSOR_LISTS if rollout_data.get(key) is not None})
     rewards = reward_list(rollout_data["rewards"], n)
     bad = [not math.isfinite(r) or abs(r) > _FLOAT32_MAX for r in rewards]
     if any(bad):
@@ -108,11 +109,25 @@ def check_tensor_list(name: str, values: Any, n: int) -> None:
             raise InputError(f"sample {i}: {name} must be a tensor, got {type(t).__name__}")
 
 
+def check_one_device(lists: dict[str, Any]) -> None:
+    """Every tensor of the per-sample ``lists`` is on the device of the first one (slime builds them all on the
+    training device; a tensor elsewhere would fail deep inside a torch op)."""
+    first = None
+    for name, values in lists.items():
+        for i, t in enumerate(values):
+            if first is None:
+                first = (f"{name}[{i}]", t.device)
+            elif t.device != first[1]:
+                raise InputError(f"rollout_data {name}[{i}] is on {t.device} but {first[0]} is on {first[1]}: slime "
+                                 "passes every per-token tensor on the training device (check what moved it)")
+
+
 def reward_list(rewards: Any, n: int) -> list[float]:
     """slime's rewards (python floats; a 1-D tensor is accepted) as ``n`` floats."""
     if isinstance(rewards, torch.Tensor):
         if rewards.dim() != 1:
             raise InputError(f"rewards must hold one number per sample, got a tensor of shape {tuple(rewards.shape)}")
+        check_real("rewards", rewards)
         rewards = host.fetch(rewards)
     if not isinstance(rewards, (list, tuple)):
         raise InputError(f"rewards must be a list of numbers (one per sample), got {type(rewards).__name__}")
@@ -122,6 +137,7 @@ def reward_list(rewards: Any, n: int) -> list[float]:
     out = []
     for i, r in enumerate(rewards):
         if isinstance(r, torch.Tensor) and r.numel() == 1:
+            check_real(f"rewards[{i}]", r)
             (r,) = host.fetch(r)
         if isinstance(r, bool) or not isinstance(r, numbers.Real):
             raise InputError(f"rewards[{i}] must be a number, got {brief(r)}")
@@ -130,3 +146,10 @@ def reward_list(rewards: Any, n: int) -> list[float]:
         except OverflowError:  # an integer beyond float range
             out.append(math.inf)
     return out
+
+
+def check_real(name: str, t: torch.Tensor) -> None:
+    """A reward tensor holds real numbers: a complex one would lose its imaginary part, and booleans are refused as in
+    the list (``True`` is no reward)."""
+    if t.is_complex() or t.dtype == torch.bool:
+        raise InputError(f"{name} must hold real numbers, got a tensor of dtype {t.dtype} (check the reward function)")

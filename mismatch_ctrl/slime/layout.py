@@ -77,10 +77,11 @@ class LocalLayout:
 
     def batch(self, train_log_probs: Sequence[torch.Tensor], rollout_log_probs: Sequence[torch.Tensor],
               loss_masks: Sequence[torch.Tensor], nonfinite: NonFinitePolicy,
-              watch: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None = None) -> TokenBatch:
+              watch: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None = None,
+              device: torch.device | None = None) -> TokenBatch:
         """The core batch of CP-local log-probs and masks (lengths checked per sample, naming the sample); ``watch``
-        as in :meth:`~mismatch_ctrl.batch.TokenBatch.build`."""
+        and ``device`` (of a batch without samples) as in :meth:`~mismatch_ctrl.batch.TokenBatch.from_lists`."""
         self.check_local("log_probs (training engine)", train_log_probs)
         self.check_local("rollout_log_probs", rollout_log_probs)
         return TokenBatch.from_lists(train_log_probs, rollout_log_probs, self.local_masks(loss_masks), nonfinite,
-                                     watch)
+                                     watch, device)

@@ -122,6 +122,9 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
     store = StateStore(Path(load) / "mismatch_ctrl")
     try:
         controllers.load_state_dict(store.load(iteration), f"{store.path(iteration)}: state")
+        if controllers.last_rollout != iteration:
+            raise StateError(f"{store.path(iteration)}: state.last_rollout: {controllers.last_rollout}, but the file "
+                             f"is the state after rollout {iteration}: it was edited or copied from another rollout")
     except StateError as exc:
         if config.state.resume != "fresh":
             raise StateError(f"{exc} To start the controllers from their initial values on purpose, set "

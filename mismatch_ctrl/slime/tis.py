@@ -8,9 +8,10 @@ per sample then over the batch, with the original masks. The hook changes no sta
 One call builds one statistics table (metrics and correction together) and makes two collectives: a gather over the
 CP group and one over the DP group, the latter for the batch values (means, diagnostics, batch normalisation). Its one
 host synchronisation is the input check (:meth:`~mismatch_ctrl.batch.TokenBatch.build`, which also reads whether
-``pg_loss`` is NaN/inf at a trained token); the table, the batch values, the weights and the metrics stay on the
-device (slime reduces the token-shaped metrics itself). A DP
-collective here is safe because every DP rank calls the hook equally often, in the same order, in every train step
+``pg_loss`` is NaN/inf at a trained token, or at any: slime's masked sum turns NaN x 0 into NaN, so the hook zeroes
+it at untrained tokens); the table, the batch values, the weights and the metrics stay on the device (slime reduces
+the token-shaped metrics itself). A DP collective here is safe because every DP rank calls the hook equally often,
+in the same order, in every train step
 (slime 624b824a): ``build_dp_schedule`` gives every DP rank the same number of micro-batches per step
 (``slime/utils/dp_schedule.py:25-27``, ``num_mbs_per_rank = K // dp_size`` at :187-189 after aligning K to a multiple
 of ``dp_size``); ``RolloutManager._split_train_data_by_dp`` ships that same ``num_microbatches`` list to every DP rank
@@ -68,7 +69,9 @@ def rollout_correction(
                          "this rank (response_lengths, context-parallel share); slime passes one loss per response "
                          "token")
     batch = layout.batch(train_log_probs, rollout_log_probs, loss_masks, runtime.config.nonfinite,
-                         watch=lambda mask: [nonfinite_loss.logical_and(mask > 0).sum()])
+                         watch=lambda mask: [nonfinite_loss.logical_and(mask > 0).sum(), nonfinite_loss.sum()],
+                         device=pg_loss.device)
+    count, everywhere = batch.watched  # tokens with a NaN/inf pg_loss: trained ones, all
     spec = runtime.controllers.correction()
     columns = METRIC_COLUMNS | TOKEN_COLUMNS | (correction_columns(spec) if spec.active else Columns())
     stats = SeqStats.build(batch, columns, topo.reducers)
@@ -88,12 +91,11 @@ def rollout_correction(
         correction = plan.finish(tokens[:len(rows)], token_outputs=True)
         keep = correction.mask  # rejected tokens: weight 0, and 0 loss even where pg_loss is NaN
         pg_loss = (pg_loss * correction.weights.to(pg_loss.dtype)).masked_fill_(keep == 0, 0.0)
-    elif dropped is not None:
+    elif dropped is not None or everywhere > count:  # NaN at an untrained token: NaN x 0 in slime's loss
         pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
     masks = layout.full_masks(loss_masks, keep) if plan is not None or dropped is not None else list(loss_masks)
     token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
     nonfinite_loss.logical_and_(keep > 0)
-    (count,) = batch.watched  # at the trained tokens; those of the final mask only where tokens left it
     if count and (plan is not None or dropped is not None):
         (count,) = host.fetch(nonfinite_loss.sum())
     if count:

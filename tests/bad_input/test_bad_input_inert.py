@@ -4,16 +4,19 @@ are refused naming the field; the TIS hook refuses a non-floating ``pg_loss`` an
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 import torch
-from slime_data import FULL, make_args, make_batch, method, rollout_data
+import yaml
+from slime_data import FULL, PREFIX, make_args, make_batch, method, rollout_data
 
 from mismatch_ctrl.config import build_config, inert_settings
 from mismatch_ctrl.controllers import ControllerSet
 from mismatch_ctrl.dcgrpo import LagrangeController
 from mismatch_ctrl.errors import ConfigError, InputError, StateError
+from mismatch_ctrl.hostguard import HostGuard
 from mismatch_ctrl.slime import hooks
 
 MOE = {"architecture": "moe"}
@@ -129,3 +132,230 @@ def test_a_deeply_nested_hf_config_is_named_not_a_traceback(tmp_path, capsys):
     path.write_text("[" * 100_000 + "]" * 100_000)
     assert cli.main(["check-config", "configs/methods/dcgrpo.yaml", "--hf-config", str(path)]) == 2
     assert f"{path} is nested too deeply to be a model's config.json" in capsys.readouterr().err
+
+
+# --- a hostile round on items 6-8 -------------------------------------------------------------------------------------
+
+FIXED = {"enabled": True, "penalty_form": "fixed", "drift_guard": "off"}
+
+
+@pytest.mark.parametrize("sections, rollouts, text", [
+    ({"dcgrpo": {**FIXED, "eps": "auto", "calibration_rollouts": 20}}, 20, "calibrate for the whole run"),
+    ({"dcgrpo": {**FIXED, "lambda_0": 0.0}}, None, "lambda_0 = 0 with penalty_form: fixed"),
+    ({"acrl": {"enabled": True, "c_min": 1.0, "c_0": 1.0, "c_max": 1.0}}, None, "ACRL would never move it"),
+])
+def test_a_controller_that_could_never_act_is_refused_in_every_place(sections, rollouts, text, tmp_path, capsys):
+    from mismatch_ctrl import cli
+
+    errors, _ = inert_settings(config(**sections), rollouts)
+    assert len(errors) == 1 and text in errors[0]
+    path = tmp_path / "method.yaml"
+    path.write_text(yaml.safe_dump({"mismatch_ctrl": {"name": "t", **MOE, **sections}}))
+    run_length = ["--num-rollout", str(rollouts)] if rollouts else []
+    assert cli.main(["check-config", str(path), *run_length]) == 2
+    assert text in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=text):
+        hooks.on_megatron_init(make_args({"name": "t", **MOE, **sections}, num_rollout=rollouts or 100))
+
+
+@pytest.mark.parametrize("sections, rollouts, text", [
+    ({"dcgrpo": {**FIXED, "drift_guard": "persistent"}}, None, "there is no dual update, so the drift guard never"),
+    ({"lr_decay": {"enabled": True, "period": "auto"}}, 31, "the detector needs 32 rollouts"),
+    ({"lr_decay": {"enabled": True, "period": "auto", "surge": {"warmup": 200}}}, 150, "the detector needs 203"),
+])
+def test_a_guard_or_schedule_that_could_never_act_is_warned_about(sections, rollouts, text, caplog):
+    errors, warnings = inert_settings(config(**sections), rollouts)
+    assert not errors and len(warnings) == 1 and text in warnings[0]
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        hooks.on_megatron_init(make_args({"name": "t", **MOE, **sections}, num_rollout=rollouts or 100))
+    assert text in caplog.text
+
+
+def test_the_surge_detector_is_not_warned_about_when_it_can_trigger():
+    assert inert_settings(config(lr_decay={"enabled": True, "period": "auto"}), 32) == ([], [])
+
+
+def test_an_eps_auto_factor_nothing_uses_is_not_warned_about():
+    """Only eps: auto, the floor guard's clamp and the drift guard multiply a floor by eps_auto_factor."""
+    unused = {"enabled": True, "eps": 0.01, "eps_guard": "off", "drift_guard": "off", "eps_auto_factor": 50.0}
+    assert inert_settings(config(dcgrpo=unused)) == ([], [])
+    assert inert_settings(config(dcgrpo={**FIXED, "eps_auto_factor": 50.0})) == ([], [])
+
+
+def test_a_min_scale_of_one_that_would_never_decay_the_lr_is_refused():
+    with pytest.raises(ConfigError, match=r"lr_decay.min_scale: must be in \(0, 1\), got 1.0: .*inert"):
+        config(lr_decay={"enabled": True, "period": 10, "min_scale": 1})
+
+
+def saved_run(tmp_path):
+    """Three DC-GRPO rollouts saved as slime would run them, rollout 2 marked as Megatron's checkpoint."""
+    args = make_args(method("dcgrpo"), save=str(tmp_path), save_interval=3)
+    for r in range(3):
+        hooks.advantages(args, rollout_data(make_batch(100 + r), FULL))
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    return tmp_path / "mismatch_ctrl"
+
+
+def resume(tmp_path):
+    args = make_args(method("dcgrpo"), load=str(tmp_path), save=str(tmp_path))
+    hooks.on_megatron_init(args)
+    return args
+
+
+def edited(state, path, value):
+    *keys, last = path
+    for key in keys:
+        state = state[key]
+    state[last] = value
+
+
+INCONSISTENT_STATES = [
+    (("dcgrpo", "rollouts"), 0, r"dcgrpo\.rollouts: 0 rollouts updated the controller but 3 C_bar were observed"),
+    (("dcgrpo", "eps"), 1e-9, r"dcgrpo\.eps: 1e-09 is below the run's eps 0.005"),
+    (("dcgrpo", "lifts"), 10 ** 30, r"dcgrpo\.lifts: must be an integer >= 0 \(and below 2\*\*53\)"),
+    (("surge", "start"), 2 ** 60, r"surge\.start: must be an integer >= 0 \(and below 2\*\*53\)"),
+    (("surge", "baseline"), -100.0, r"surge\.baseline: must be >= 0"),
+    (("surge", "streak"), 100, r"surge\.streak: 100 rising rollouts in a history of 3"),
+    (("surge", "onset"), 1, r"surge\.onset: onset 1 and trigger None do not lie in order"),
+    (("last_rollout",), 99, r"last_rollout: 99, but the surge detector's history .* ends at rollout 2"),
+]
+
+
+@pytest.mark.parametrize("path, value, message", INCONSISTENT_STATES)
+def test_a_restored_state_out_of_range_or_inconsistent_is_refused_naming_the_field(path, value, message, tmp_path):
+    state_file = saved_run(tmp_path) / "state_0000002.json"
+    document = json.loads(state_file.read_text())
+    edited(document["state"], path, value)
+    state_file.write_text(json.dumps(document))
+    with pytest.raises(StateError, match=message):
+        resume(tmp_path)
+
+
+@pytest.mark.parametrize("path, value, message", INCONSISTENT_STATES)
+def test_a_refused_state_leaves_the_live_controllers_as_they_were(path, value, message):
+    controllers = ControllerSet(config(dcgrpo={"enabled": True, "eps": 0.005}))
+    for r in range(3):
+        controllers.dcgrpo.update(0.004 + 0.001 * r)
+        controllers.surge.update(r, 100.0)
+        controllers.last_rollout = r
+    state, before = controllers.state_dict(), json.dumps(controllers.state_dict())
+    edited(state, path, value)
+    with pytest.raises(StateError, match=message):
+        controllers.load_state_dict(state)
+    assert json.dumps(controllers.state_dict()) == before
+
+
+def test_a_surge_trigger_beyond_the_history_is_refused():
+    from mismatch_ctrl.lr_schedule import SurgeDetector, SurgeSettings
+
+    detector = SurgeDetector(SurgeSettings())
+    for r in range(3):
+        detector.update(r, 100.0)
+    state = {**detector.state_dict(), "onset": 1, "triggered_at": 40, "baseline": 100.0}
+    with pytest.raises(StateError, match=r"surge\.onset: onset 1 and trigger 40 do not lie in order within the history "
+                                         r"of rollouts 0 to 2"):
+        detector.load_state_dict(state)
+
+
+def test_a_state_file_copied_from_another_rollout_is_refused(tmp_path):
+    directory = saved_run(tmp_path)
+    document = json.loads((directory / "state_0000001.json").read_text())
+    document["rollout_id"] = 2
+    (directory / "state_0000002.json").write_text(json.dumps(document))
+    with pytest.raises(StateError, match=r"state_0000002.json: state.last_rollout: 1, but the file is the state after "
+                                         "rollout 2"):
+        resume(tmp_path)
+
+
+def test_a_state_file_with_a_key_given_twice_is_refused(tmp_path):
+    state_file = saved_run(tmp_path) / "state_0000002.json"
+    text = state_file.read_text()
+    state_file.write_text(text.replace('"lam":', '"lam": 0.9, "lam":', 1))
+    with pytest.raises(StateError, match=r"unreadable mismatch_ctrl state \(duplicate key 'lam': the file was edited"):
+        resume(tmp_path)
+
+
+def test_a_streak_longer_than_the_window_is_cut_with_a_warning_naming_it(caplog):
+    settings = config(dcgrpo={"enabled": True, "eps": 0.005}).dcgrpo
+    state = {**LagrangeController(settings).state_dict(), "streak": [0.01] * 25}
+    controller = LagrangeController(settings)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        controller.load_state_dict(state)
+    assert controller.streak == [0.01] * 9
+    assert "dcgrpo.streak: 25 rollouts saved, more than drift_window - 1 = 9 of the configuration: kept the newest 9" \
+        in caplog.text
+
+
+@pytest.mark.parametrize("hook", ["advantages", "rollout_correction"])
+def test_complex_loss_masks_are_refused_naming_them(hook):
+    d = rollout_data(make_batch(3), FULL)
+    d["loss_masks"] = [m.to(torch.complex64) for m in d["loss_masks"]]
+    with pytest.raises(InputError, match="loss_masks must hold 0/1 values .*got dtype torch.complex64"):
+        if hook == "advantages":
+            hooks.advantages(make_args(method("grpo")), d)
+        else:
+            hooks.rollout_correction(make_args(method("token_tis")), **tis_kwargs(loss_masks=d["loss_masks"]))
+
+
+def test_rollout_data_on_two_devices_is_named_not_a_torch_error():
+    d = rollout_data(make_batch(3), FULL)
+    d["kl"] = [t.to("meta") for t in d["kl"]]
+    with pytest.raises(InputError, match=r"rollout_data kl\[0\] is on meta but loss_masks\[0\] is on cpu"):
+        hooks.advantages(make_args(method("grpo")), d)
+
+
+@pytest.mark.parametrize("rewards", [torch.ones(16, dtype=torch.complex64), torch.ones(16, dtype=torch.bool),
+                                     [torch.tensor(1 + 1j)] * 16])
+def test_rewards_that_are_no_real_numbers_are_refused(rewards):
+    d = rollout_data(make_batch(3), FULL)
+    with pytest.raises(InputError, match=r"rewards(\[0\])? must hold real numbers, got a tensor of dtype"):
+        hooks.advantages(make_args(method("grpo")), {**d, "rewards": rewards})
+
+
+@pytest.mark.parametrize("name", ["grpo", "token_tis", "dcgrpo"])
+def test_an_empty_batch_stays_on_the_device_of_the_hooks(name):
+    args = make_args(method(name))
+    empty = {"rewards": [], "response_lengths": [], "total_lengths": [], "loss_masks": [], "log_probs": [],
+             "rollout_log_probs": [], "kl": []}
+    loss = torch.zeros(0, requires_grad=True)  # made outside the guard: a device tensor
+    with HostGuard() as advantage_guard:
+        hooks.advantages(args, empty)
+    with HostGuard() as tis_guard:
+        pg_loss, masks, metrics = hooks.rollout_correction(args, pg_loss=loss, train_log_probs=[],
+                                                           rollout_log_probs=[], loss_masks=[], total_lengths=[],
+                                                           response_lengths=[])
+    assert empty["advantages"] == [] and pg_loss.shape == (0,) and masks == []
+    assert all(v.shape == (0,) for v in metrics.values())
+    assert advantage_guard.syncs <= 2 and tis_guard.syncs <= 1
+
+
+@pytest.mark.parametrize("name", ["grpo", "token_tis"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_nonfinite_pg_loss_at_an_untrained_token_does_not_reach_slimes_loss(name, value):
+    """slime sums pg_loss x mask: NaN x 0 is NaN, so the hook zeroes it at untrained tokens (every method alike),
+    reading whether to in its one host synchronisation."""
+    kwargs = tis_kwargs()
+    untrained = int((torch.cat(kwargs["loss_masks"]) == 0).nonzero()[0])
+    pg_loss = torch.randn(kwargs["pg_loss"].numel())
+    pg_loss[untrained] = value
+    pg_loss.requires_grad_()
+    with HostGuard() as guard:
+        out, _, metrics = hooks.rollout_correction(make_args(method(name)), **{**kwargs, "pg_loss": pg_loss})
+    assert guard.syncs == 1 and bool(torch.isfinite(out).all()) and out[untrained] == 0
+    out.sum().backward()
+    assert bool(torch.isfinite(pg_loss.grad).all())
+    assert float(metrics[PREFIX + "nonfinite_pg_loss_fraction"].sum()) == 0
+
+
+def test_an_acrl_reference_no_discrepancy_can_exceed_is_refused_in_config_and_state():
+    """D of log-ratios clamped to +-20 never exceeds 20: a band_high x reference at or above it never shrinks the
+    band; a saved reference, D or history beyond the histogram's range is corrupt."""
+    errors, _ = inert_settings(config(acrl={"enabled": True, "reference": 15.0}))
+    assert len(errors) == 1 and "band_high x reference = 22.5 and ACRL could only widen its band" in errors[0]
+    assert inert_settings(config(acrl={"enabled": True, "reference": 0.01})) == ([], [])
+    controllers = ControllerSet(config(acrl={"enabled": True}))
+    for key, value in (("reference", 1e300), ("last", 500.0), ("observed", [0.01, 1e6])):
+        state = controllers.state_dict()
+        state["acrl"][key] = value
+        with pytest.raises(StateError, match=rf"acrl\.{key}: .*must be <= 100 \(D is a median per-sequence mean"):
+            controllers.load_state_dict(state)

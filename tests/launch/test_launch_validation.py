@@ -143,3 +143,13 @@ exec {sys.executable} "$@"
     assert "warning (an error at launch): METHOD_CONFIG=" in dry.stderr and "has no torch" in dry.stderr
     launch = sandbox.run("qwen3_30b_dcgrpo.sh", env={"PYTHON": str(no_torch)})
     assert launch.returncode == 2 and "configuration error: METHOD_CONFIG=" in launch.stderr
+
+
+def test_a_num_rollout_that_is_no_integer_is_named_once_not_as_a_broken_method(sandbox: Sandbox) -> None:
+    """The method is checked without the run length, not given a value check-config would refuse as a usage error
+    ('METHOD_CONFIG=... is invalid: usage: ...')."""
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env={"NUM_ROLLOUT": "abc"})
+    assert result.returncode == 2
+    assert "NUM_ROLLOUT=abc must be a positive integer" in result.stderr
+    assert "METHOD_CONFIG" not in result.stderr
+    assert all("--num-rollout" not in call for call in sandbox.check_config_calls())
