@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from mismatch_ctrl.lab.options import positive_int
 from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # benchmarks/ is on the path
 
 SLIME_MIS = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",
@@ -129,10 +130,12 @@ def main() -> None:
     summary, details = __doc__.split("\n\n", 1)
     parser = argparse.ArgumentParser(description=summary, epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per case (default 20)")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed calls per case (default 20)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the device and the rows to this JSON file")
     args = parser.parse_args()
+    if args.json is not None and not args.json.parent.is_dir():
+        parser.error(f"--json {args.json}: {args.json.parent} is not a directory")
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA GPU here: host syncs and GPU time not measured (run it on a GPU machine, e.g. "
               "`make gpu-check`)")

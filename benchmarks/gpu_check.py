@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mismatch_ctrl.lab.options import positive_int
 from mismatch_ctrl.lab.trainer import auto_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,11 +112,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=summary, epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="report folder")
-    parser.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds in all (default {BUDGET_S})")
-    parser.add_argument("--steps", type=int, default=12, help="rollouts per throughput run (default 12)")
-    parser.add_argument("--jobs", type=int, default=4, help="concurrent lab runs on the GPU in step 5 (default 4)")
+    parser.add_argument("--budget", type=positive_int, default=BUDGET_S, help=f"seconds in all (default {BUDGET_S})")
+    parser.add_argument("--steps", type=positive_int, default=12,
+                        help="rollouts per throughput run, at least 2: the first (compile, caches) is not timed "
+                             "(default 12)")
+    parser.add_argument("--jobs", type=positive_int, default=4,
+                        help="concurrent lab runs on the GPU in step 5 (default 4)")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.steps < 2:
+        parser.error("--steps: at least 2 (the first rollout is not timed)")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out {args.out}: {exc.strerror or exc}")
     start = time.perf_counter()
 
     def left(share: float) -> float:

@@ -60,3 +60,17 @@ def test_the_gpu_scripts_say_when_there_is_no_gpu(capsys, tmp_path, monkeypatch)
     bench_gpu.main()
     out = capsys.readouterr().out
     assert "no CUDA GPU here" in out and out.count("no CUDA GPU") == 2
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    (gpu_check, ["--steps", "1"], "--steps: at least 2"),
+    (gpu_check, ["--jobs", "0"], "argument --jobs: must be an integer >= 1"),
+    (gpu_check, ["--budget", "-5"], "argument --budget: must be an integer >= 1"),
+    (bench_gpu, ["--repeats", "0"], "argument --repeats: must be an integer >= 1"),
+    (bench_gpu, ["--json", "/nonexistent-dir/report.json"], "/nonexistent-dir is not a directory"),
+])
+def test_bad_options_are_refused_before_any_work(script, argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        script.main()
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

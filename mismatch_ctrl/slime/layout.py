@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from .. import host
@@ -34,7 +33,7 @@ class LocalLayout:
     def _index_on(self, device: torch.device) -> torch.Tensor:
         """The CP-local token index on ``device`` (uploaded once, without a host synchronisation)."""
         if device not in self._device_index:
-            self._device_index[device] = host.to_device(np.asarray(self.index), device, torch.int64)
+            self._device_index[device] = host.to_device(self.index, device, torch.int64)
         return self._device_index[device]
 
     def local_masks(self, loss_masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
