@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from mismatch_ctrl.lab.options import positive_int
+from mismatch_ctrl.lab.sweeps.options import positive_int
 from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # benchmarks/ is on the path
 
 SLIME_MIS = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",

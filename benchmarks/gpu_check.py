@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mismatch_ctrl.lab.options import positive_int
-from mismatch_ctrl.lab.trainer import auto_device
+from mismatch_ctrl.lab.sweeps.options import positive_int
+from mismatch_ctrl.lab.training.settings import auto_device
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the source tree, for lab.trainer.auto_device

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from lab_pooled import check_distinct, read_summary  # benchmarks/ is this script's directory
-from mismatch_ctrl.lab.aggregate import Spread, spread
-from mismatch_ctrl.lab.frontier import VERSUS
-from mismatch_ctrl.lab.report import aggregate_runs
+from mismatch_ctrl.lab.results.stats import Spread, spread
+from mismatch_ctrl.lab.results.frontier import VERSUS
+from mismatch_ctrl.lab.results.report import aggregate_runs
 
 
 def runs_by_seed(summary: dict, metric: str) -> dict[str, tuple[str, dict[int, float]]]:

@@ -20,13 +20,13 @@ from collections.abc import Callable
 
 import torch
 
-from mismatch_ctrl.lab.aggregate import spread
-from mismatch_ctrl.lab.engine import RolloutEngine
-from mismatch_ctrl.lab.floor import measure_floor
-from mismatch_ctrl.lab.options import positive_int, seed_list
-from mismatch_ctrl.lab.policy import POLICY_KINDS
-from mismatch_ctrl.lab.quant import QUANT_MODES
-from mismatch_ctrl.lab.warmup import WARMUP_PRESETS, warmup_policy, warmup_preset
+from mismatch_ctrl.lab.results.stats import spread
+from mismatch_ctrl.lab.model.engine import RolloutEngine
+from mismatch_ctrl.lab.model.floor import measure_floor
+from mismatch_ctrl.lab.sweeps.options import positive_int, seed_list
+from mismatch_ctrl.lab.model.policy import POLICY_KINDS
+from mismatch_ctrl.lab.model.quant import QUANT_MODES
+from mismatch_ctrl.lab.model.warmup import WARMUP_PRESETS, warmup_policy, warmup_preset
 
 COLUMNS = [
     ("floor", "floor"), ("floor_r3", "floor R3"), ("replay_reduction", "R3 cut"),

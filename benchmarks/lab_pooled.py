@@ -1,7 +1,7 @@
 """Controllers against GRPO on the same engine, per lab output directory and pooled over several.
 
 Each directory is the ``--out`` of ``mismatch-ctrl lab``; its ``summary.json`` holds, per run, the paired per-seed
-differences against ``grpo@<its engine>`` (``versus_grpo``, :func:`mismatch_ctrl.lab.frontier.versus_grpo`; run
+differences against ``grpo@<its engine>`` (``versus_grpo``, :func:`mismatch_ctrl.lab.results.frontier.versus_grpo`; run
 ``lab --report-only --out DIR`` first for a directory written by an older version or trained into twice). The pooled
 row concatenates a run's differences of every directory (seeds differ between directories, so the pairs are
 independent). Printed per run: mean [95% t interval] of the differences of ``--metric`` and how many of its seeds
@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 from mismatch_ctrl.formatting import brief, clip
-from mismatch_ctrl.lab.aggregate import spread
-from mismatch_ctrl.lab.frontier import VERSUS
-from mismatch_ctrl.lab.report import AGGREGATED
-from mismatch_ctrl.lab.trainer import LAYER_FLIPS
+from mismatch_ctrl.lab.results.stats import spread
+from mismatch_ctrl.lab.results.frontier import VERSUS
+from mismatch_ctrl.lab.results.report import AGGREGATED
+from mismatch_ctrl.lab.training.summary import LAYER_FLIPS
 
 
 def read_summary(directory: Path, program: str = "lab_pooled") -> dict:

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from mismatch_ctrl.lab.engine import RolloutEngine
-from mismatch_ctrl.lab.options import positive_int, quant_list
-from mismatch_ctrl.lab.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.task import EOS, make_task
+from mismatch_ctrl.lab.model.engine import RolloutEngine
+from mismatch_ctrl.lab.sweeps.options import positive_int, quant_list
+from mismatch_ctrl.lab.model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
+from mismatch_ctrl.lab.model.task import EOS, make_task
 
 
 def never_stopping_policy(task_name: str, kind: str, seed: int = 0) -> TinyPolicy:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Sequence
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .lab.methods import RunSpec
-    from .lab.trainer import LabSettings
+    from .lab.training.methods import RunSpec
+    from .lab.training.settings import LabSettings
 
 
 def _check_config(ns: argparse.Namespace) -> int:
@@ -62,10 +62,10 @@ def _unwritable(exc: OSError, out: str, fix: str) -> int:
 def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[int, ...]]:
     """What ``lab`` would train, from its parsed options (preset and defaults resolved): the ``RunSpec`` of every
     run, the ``LabSettings`` (of the first seed) and the seeds. ValueError or ConfigError naming the option."""
-    from .lab.methods import RunSpec
-    from .lab.options import resolve
-    from .lab.policy import POLICY_KINDS
-    from .lab.trainer import LabSettings, auto_device
+    from .lab.training.methods import RunSpec
+    from .lab.sweeps.options import resolve
+    from .lab.model.policy import POLICY_KINDS
+    from .lab.training.settings import LabSettings, auto_device
 
     o = resolve(ns)
     experts = POLICY_KINDS[o["policy"]].get("n_experts", 0)
@@ -81,10 +81,10 @@ def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[
 
 
 def _lab(ns: argparse.Namespace) -> int:
-    from .lab.executors import LocalExecutor, RayExecutor
-    from .lab.options import LAB_DEFAULTS
-    from .lab.run import SweepInterrupted, rewrite_report, run_lab, summary_table
-    from .lab.sweep import SweepError
+    from .lab.sweeps.executors import LocalExecutor, RayExecutor
+    from .lab.sweeps.options import LAB_DEFAULTS
+    from .lab.sweeps.run import SweepInterrupted, rewrite_report, run_lab, summary_table
+    from .lab.sweeps.sweep import SweepError
 
     if ns.report_only:
         training = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS)
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mismatch-ctrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from .lab import options
+    from .lab.sweeps import options
 
     check = sub.add_parser("check-config", help="validate a method YAML (the file given to --custom-config-path)",
                            description="Validate a YAML with a top-level 'mismatch_ctrl:' key (--json: print every "
@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print every resolved setting as JSON")
     check.set_defaults(run=_check_config)
 
-    from .lab.warmup import WARMUP_PRESETS
-    from .lab.run import default_jobs
+    from .lab.model.warmup import WARMUP_PRESETS
+    from .lab.sweeps.run import default_jobs
 
     d = options.LAB_DEFAULTS
     lab = sub.add_parser(
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                         for name, values in sorted(options.LAB_PRESETS.items()))
     lab.add_argument("--preset", choices=sorted(options.LAB_PRESETS),
                      help=f"named settings, explicit flags override them ({presets})")
-    from .lab.methods import method_names
+    from .lab.training.methods import method_names
 
     lab.add_argument("--methods", help="comma list of runs METHOD[@QUANT][+r3]; METHOD is a configs/methods file or a "
                                        f"lab variant ({', '.join(method_names())}); @QUANT pins the run's engine, "

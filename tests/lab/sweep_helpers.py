@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mismatch_ctrl.lab.warmup import WarmupConfig
+from mismatch_ctrl.lab.model.warmup import WarmupConfig
 
 TINY_WARMUP = WarmupConfig(d_model=32, n_layers=1, d_ff=16, steps=3, max_steps=3, batch_size=16,
                            min_sample_accuracy=0.0, eval_prompts=8, eval_samples=1)
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab import run
+from mismatch_ctrl.lab.sweeps import run
 sys.path.insert(0, {tests!r})
 from sweep_helpers import TINY_WARMUP
 run.warmup_preset = lambda task, policy: TINY_WARMUP

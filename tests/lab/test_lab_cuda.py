@@ -11,9 +11,9 @@ import pytest
 import torch
 from sweep_helpers import TINY_WARMUP
 
-from mismatch_ctrl.lab.methods import RunSpec
-from mismatch_ctrl.lab.run import run_lab
-from mismatch_ctrl.lab.trainer import LabSettings
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.sweeps.run import run_lab
+from mismatch_ctrl.lab.training.settings import LabSettings
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 RUNS = [RunSpec("grpo", "none"), RunSpec("grpo", "e4m3"), RunSpec("grpo", "nvfp4", replay=True),

@@ -2,9 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from mismatch_ctrl.lab.engine import RolloutEngine
-from mismatch_ctrl.lab.policy import PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.task import EOS, PAD, AdditionTask
+from mismatch_ctrl.lab.model.engine import RolloutEngine
+from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
+from mismatch_ctrl.lab.model.task import EOS, PAD, AdditionTask
 
 TASK = AdditionTask(max_digits=2)  # prompt length 7, answers up to 4 tokens
 
@@ -206,7 +206,7 @@ def test_bad_arguments_are_named():
 
 
 def test_moe_large_policy_for_a_gpu_has_1_to_10_million_parameters_and_runs():
-    from mismatch_ctrl.lab.warmup import WarmupConfig, warmup_preset
+    from mismatch_ctrl.lab.model.warmup import WarmupConfig, warmup_preset
 
     config = PolicyConfig.of_kind("moe-large", AdditionTask())
     assert (config.d_model, config.n_layers, config.n_experts, config.top_k) == (256, 4, 16, 2)

@@ -14,12 +14,12 @@ import pytest
 from sweep_helpers import TINY_WARMUP
 
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab import run as lab_run
-from mismatch_ctrl.lab.integrity import DamagedRun
-from mismatch_ctrl.lab.methods import RunSpec
-from mismatch_ctrl.lab.run import run_lab
-from mismatch_ctrl.lab.sweep import FINGERPRINT_FILE, digest
-from mismatch_ctrl.lab.trainer import LabSettings
+from mismatch_ctrl.lab.sweeps import run as lab_run
+from mismatch_ctrl.lab.sweeps.integrity import DamagedRun
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.sweeps.run import run_lab
+from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, digest
+from mismatch_ctrl.lab.training.settings import LabSettings
 
 TINY = dict(steps=2, prompts_per_step=4, samples_per_prompt=4, eval_every=1, eval_prompts=8)
 RUNS = [RunSpec("grpo", "none"), RunSpec("grpo", "e4m3"), RunSpec("token_tis", "e4m3")]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mismatch_ctrl.lab.fp4 import fake_quantize_int4, fake_quantize_mxfp4, fake_quantize_nvfp4, round_e2m1
+from mismatch_ctrl.lab.model.fp4 import fake_quantize_int4, fake_quantize_mxfp4, fake_quantize_nvfp4, round_e2m1
 
 E2M1_GRID = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # code order: an even index has mantissa bit 0
 

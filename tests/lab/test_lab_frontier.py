@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from mismatch_ctrl.lab.frontier import (EXACT, dose_mismatch, dose_ticks, frontier, versus_grpo, write_frontier_plot,
+from mismatch_ctrl.lab.results.frontier import (EXACT, dose_mismatch, dose_ticks, frontier, versus_grpo, write_frontier_plot,
                                        x_positions)
-from mismatch_ctrl.lab.report import aggregate_runs, controller_row, write_report
+from mismatch_ctrl.lab.results.report import aggregate_runs, controller_row, write_report
 
 
 def t_975(df: int) -> float:
@@ -161,7 +161,7 @@ def test_dose_mismatch_uses_r3_runs_only_for_an_engine_without_others():
 
 
 def test_x_positions_keep_the_exact_engine_visible():
-    from mismatch_ctrl.lab.aggregate import spread
+    from mismatch_ctrl.lab.results.stats import spread
 
     doses = {EXACT: spread([1e-7]), "e4m3": spread([0.01]), "e5m2": spread([0.03])}
     x, broken = x_positions(doses)

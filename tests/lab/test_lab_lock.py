@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab import run as lab_run
-from mismatch_ctrl.lab.lock import LOCK_FILE, OutLock
-from mismatch_ctrl.lab.sweep import SweepError
+from mismatch_ctrl.lab.sweeps import run as lab_run
+from mismatch_ctrl.lab.sweeps.lock import LOCK_FILE, OutLock
+from mismatch_ctrl.lab.sweeps.sweep import SweepError
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_a_lab_holding_the_lock_in_another_process_is_refused_naming_its_pid(tmp
     out = tmp_path / "out"
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-                               "from mismatch_ctrl.lab.lock import OutLock\n"
+                               "from mismatch_ctrl.lab.sweeps.lock import OutLock\n"
                                f"with OutLock(Path({str(out)!r})):\n    print('held', flush=True)\n    time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:

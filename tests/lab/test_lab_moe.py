@@ -5,18 +5,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mismatch_ctrl.lab.engine import RolloutEngine
-from mismatch_ctrl.lab.floor import c_bar, measure_floor
-from mismatch_ctrl.lab.policy import MoE, PolicyConfig, TinyPolicy, load_balance_loss
-from mismatch_ctrl.lab.quant import (
+from mismatch_ctrl.lab.model.engine import RolloutEngine
+from mismatch_ctrl.lab.model.floor import c_bar, measure_floor
+from mismatch_ctrl.lab.model.policy import MoE, PolicyConfig, TinyPolicy, load_balance_loss
+from mismatch_ctrl.lab.model.quant import (
     QuantExperts,
     QuantLinear,
     fake_quantize_weight,
     quantize_activations,
     quantize_model,
 )
-from mismatch_ctrl.lab.routing import routing_metrics
-from mismatch_ctrl.lab.task import AdditionTask
+from mismatch_ctrl.lab.model.routing import routing_metrics
+from mismatch_ctrl.lab.model.task import AdditionTask
 
 TASK = AdditionTask(max_digits=2)  # prompt length 7, answers up to 4 tokens
 CONFIG = PolicyConfig(vocab_size=15, max_len=19, d_model=32, n_layers=2, n_heads=4, d_ff=16, n_experts=6, top_k=2)

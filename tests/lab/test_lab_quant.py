@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from mismatch_ctrl.lab.policy import PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.quant import (
+from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
+from mismatch_ctrl.lab.model.quant import (
     QUANT_MODES,
     QuantConfig,
     QuantLinear,

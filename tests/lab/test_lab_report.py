@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 
-from mismatch_ctrl.lab.aggregate import aggregate, paired, sign, spread, t_quantile_975
-from mismatch_ctrl.lab.plots import _series, band, curves_of, far_below, informative, twins, write_plots
-from mismatch_ctrl.lab.report import aggregate_runs
+from mismatch_ctrl.lab.results.stats import aggregate, paired, sign, spread, t_quantile_975
+from mismatch_ctrl.lab.results.plots import _series, band, curves_of, far_below, informative, twins, write_plots
+from mismatch_ctrl.lab.results.report import aggregate_runs
 
 
 def test_spread_of_known_numbers():

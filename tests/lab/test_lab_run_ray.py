@@ -11,12 +11,12 @@ import pytest
 from sweep_helpers import TINY_WARMUP, lab_command, start_lab
 
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab import run as lab_run
-from mismatch_ctrl.lab.executors import LocalExecutor, RayExecutor
-from mismatch_ctrl.lab.methods import RunSpec
-from mismatch_ctrl.lab.run import run_lab
-from mismatch_ctrl.lab.sweep import FINGERPRINT_FILE
-from mismatch_ctrl.lab.trainer import LabSettings
+from mismatch_ctrl.lab.sweeps import run as lab_run
+from mismatch_ctrl.lab.sweeps.executors import LocalExecutor, RayExecutor
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.sweeps.run import run_lab
+from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE
+from mismatch_ctrl.lab.training.settings import LabSettings
 
 ray = pytest.importorskip("ray")
 

@@ -16,15 +16,15 @@ import pytest
 from sweep_helpers import TINY_WARMUP, lab_command, start_lab
 
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab import run as lab_run
-from mismatch_ctrl.lab.executors import LocalExecutor, RunFailed
-from mismatch_ctrl.lab.methods import RunSpec
-from mismatch_ctrl.lab.progress import SweepProgress
-from mismatch_ctrl.lab.run import rewrite_report, run_lab, summary_table
-from mismatch_ctrl.lab.integrity import check_runs, run_folders
-from mismatch_ctrl.lab.lock import LOCK_FILE, OutLock
-from mismatch_ctrl.lab.sweep import FINGERPRINT_FILE, RunTask, SweepError, differences, digest, fingerprint_inputs
-from mismatch_ctrl.lab.trainer import LabSettings
+from mismatch_ctrl.lab.sweeps import run as lab_run
+from mismatch_ctrl.lab.sweeps.executors import LocalExecutor, RunFailed
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.sweeps.progress import SweepProgress
+from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab, summary_table
+from mismatch_ctrl.lab.sweeps.integrity import check_runs, run_folders
+from mismatch_ctrl.lab.sweeps.lock import LOCK_FILE, OutLock
+from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, SweepError, differences, digest, fingerprint_inputs
+from mismatch_ctrl.lab.training.settings import LabSettings
 
 TINY = dict(steps=2, prompts_per_step=4, samples_per_prompt=4, eval_every=1, eval_prompts=8)
 RUNS = [RunSpec("grpo", "none"), RunSpec("grpo", "e4m3")]
@@ -231,7 +231,7 @@ def test_a_disk_that_fills_during_the_sweep_is_a_clear_error_and_no_half_written
 
 
 def test_a_run_name_too_long_for_a_folder_is_refused_before_the_warm_up(tmp_path, capsys):
-    from mismatch_ctrl.lab.sweep import check_names
+    from mismatch_ctrl.lab.sweeps.sweep import check_names
 
     long = RunSpec("x" * 300, "e4m3")
     with pytest.raises(SweepError, match="too long for a folder name"):
@@ -378,9 +378,9 @@ def test_a_run_reports_start_steps_and_its_warnings_as_events_and_returns_its_fi
 
     import torch
 
-    from mismatch_ctrl.lab.executors import train_task
-    from mismatch_ctrl.lab.policy import PolicyConfig, TinyPolicy
-    from mismatch_ctrl.lab.task import make_task
+    from mismatch_ctrl.lab.sweeps.executors import train_task
+    from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
+    from mismatch_ctrl.lab.model.task import make_task
 
     policy = TinyPolicy(PolicyConfig.for_task(make_task("add"), d_model=32, n_layers=1, n_heads=2, d_ff=16,
                                               n_experts=4, top_k=2), seed=1)

@@ -7,8 +7,8 @@ import pytest
 from sweep_helpers import TINY_WARMUP, lab_command
 
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab import budget
-from mismatch_ctrl.lab import run as lab_run
+from mismatch_ctrl.lab.sweeps import budget
+from mismatch_ctrl.lab.sweeps import run as lab_run
 
 
 class WarmupStarted(Exception):

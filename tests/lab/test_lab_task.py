@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mismatch_ctrl.lab.task import (
+from mismatch_ctrl.lab.model.task import (
     BOS,
     DIGIT0,
     EOS,

@@ -10,13 +10,15 @@ import torch
 
 from mismatch_ctrl import cli
 from mismatch_ctrl.analyze import AnalyzeOptions, analyze_dumps
-from mismatch_ctrl.lab import run as lab_run
-from mismatch_ctrl.lab.methods import RunSpec, method_names, method_section
-from mismatch_ctrl.lab.policy import PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.run import rewrite_report, run_lab
-from mismatch_ctrl.lab.task import make_task
-from mismatch_ctrl.lab.trainer import LabSettings, Trainer, collapse_step, group_normalize, policy_loss
-from mismatch_ctrl.lab.warmup import WarmupConfig
+from mismatch_ctrl.lab.sweeps import run as lab_run
+from mismatch_ctrl.lab.training.methods import RunSpec, method_names, method_section
+from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
+from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab
+from mismatch_ctrl.lab.model.task import make_task
+from mismatch_ctrl.lab.training.settings import LabSettings
+from mismatch_ctrl.lab.training.summary import collapse_step
+from mismatch_ctrl.lab.training.trainer import Trainer, group_normalize, policy_loss
+from mismatch_ctrl.lab.model.warmup import WarmupConfig
 from mismatch_ctrl.slime.runtime import get_runtime
 
 TINY = dict(steps=4, prompts_per_step=4, samples_per_prompt=4, eval_every=2, eval_prompts=16)
@@ -236,7 +238,7 @@ def test_cli_bad_input_exits_2_naming_the_flag_before_the_warm_up(tmp_path, monk
 
 
 def test_presets_fill_unset_options_and_flags_override_them():
-    from mismatch_ctrl.lab.options import LAB_DEFAULTS, LAB_PRESETS, resolve
+    from mismatch_ctrl.lab.sweeps.options import LAB_DEFAULTS, LAB_PRESETS, resolve
 
     parser = cli.build_parser()
     assert resolve(parser.parse_args(["lab"])) == LAB_DEFAULTS
@@ -266,7 +268,7 @@ def test_cli_refuses_cuda_without_a_gpu_and_auto_picks_cpu(tmp_path, monkeypatch
 
 
 def test_help_lists_every_engine_and_method_unbroken(capsys):
-    from mismatch_ctrl.lab.quant import QUANT_MODES
+    from mismatch_ctrl.lab.model.quant import QUANT_MODES
 
     with pytest.raises(SystemExit):
         cli.main(["lab", "--help"])
@@ -316,7 +318,7 @@ def test_a_blown_up_policy_is_reported_collapsed_not_a_sampler_traceback(tmp_pat
 
 def test_auto_runs_only_a_large_policy_on_cuda(monkeypatch):
     """``--device auto``: CUDA for a policy of at least CUDA_MIN_PARAMETERS when torch finds a GPU, else the CPU."""
-    from mismatch_ctrl.lab.trainer import CUDA_MIN_PARAMETERS, auto_device
+    from mismatch_ctrl.lab.training.settings import CUDA_MIN_PARAMETERS, auto_device
 
     assert auto_device("moe-large", "add") == ("cuda" if torch.cuda.is_available() else "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

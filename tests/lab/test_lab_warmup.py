@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 import torch
 
-from mismatch_ctrl.lab.task import DIGIT0, EOS, PAD, AdditionTask
-from mismatch_ctrl.lab.warmup import (
+from mismatch_ctrl.lab.model.task import DIGIT0, EOS, PAD, AdditionTask
+from mismatch_ctrl.lab.model.warmup import (
     CACHE_ENV,
     WARMUP_PRESETS,
     WarmupConfig,

@@ -19,19 +19,30 @@ from typing import Any
 
 import torch
 
-from ..formatting import clip, fmt
+from ...formatting import clip, fmt
+from ..model.warmup import WarmupConfig, cache_path, default_cache_dir, warmup_policy, warmup_preset
+from ..results.frontier import frontier, missing_references
+from ..results.report import aggregate_runs, read_metrics, write_plots, write_report
+from ..training.methods import RunSpec
+from ..training.settings import LabSettings
 from .budget import check_warmups
 from .executors import Executor, LocalExecutor
-from .frontier import frontier, missing_references
-from .methods import RunSpec
-from .progress import SweepProgress
-from .report import aggregate_runs, read_metrics, write_plots, write_report
 from .integrity import check_run, check_runs, run_folders
 from .lock import OutLock
-from .sweep import (BYTES_PER_STEP, RunTask, SweepError, check_names, check_writable, clean_partial, commit_run,
-                    differences, plan, run_dir, shared_inputs)
-from .trainer import LabSettings
-from .warmup import WarmupConfig, cache_path, default_cache_dir, warmup_policy, warmup_preset
+from .progress import SweepProgress
+from .sweep import (
+    BYTES_PER_STEP,
+    RunTask,
+    SweepError,
+    check_names,
+    check_writable,
+    clean_partial,
+    commit_run,
+    differences,
+    plan,
+    run_dir,
+    shared_inputs,
+)
 
 COMMANDS_FILE = "commands.txt"
 """Every lab command that trained runs into an output directory, one a line."""

@@ -20,9 +20,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from ..formatting import clip
+from ...formatting import clip
+from ..training.trainer import Trainer
 from .sweep import RunTask, SweepError
-from .trainer import Trainer
 
 RunOutput = tuple[dict[str, Any], dict[str, bytes]]
 """A finished run: its summary and its files (path relative to the run folder -> bytes)."""

@@ -13,12 +13,11 @@ seed). The exact-engine reference is ``grpo@none`` (else the line's own ``@none`
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import Any
 
-from .aggregate import Spread, paired, sign, spread
-from .methods import REPLAY_SUFFIX
+from ..training.methods import REPLAY_SUFFIX
+from .stats import Spread, paired, sign, spread
 
 EXACT = "none"
 """The dose of the exact engine (no quantisation)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..smoothing import moving_average
+from ...smoothing import moving_average
 
 Runs = dict[str, dict[int, list[dict[str, Any]]]]
 """label -> seed -> the run's per-rollout records."""

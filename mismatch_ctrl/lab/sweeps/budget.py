@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from .policy import TinyPolicy
+from ..model.policy import TinyPolicy
+from ..model.warmup import WarmupConfig
 from .sweep import SweepError
-from .warmup import WarmupConfig
 
 SECONDS_PER_UNIT = 2.2e-10
 """Seconds of one warm-up step per parameter x example x token (see the module docstring)."""

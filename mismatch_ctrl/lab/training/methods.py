@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from ..config import ROOT_KEY, build_config, merge_sections
-from ..formatting import clip
-from .quant import as_quant_config
+from ...config import ROOT_KEY, build_config, merge_sections
+from ...formatting import clip
+from ..model.quant import as_quant_config
 
 LAB_ADJUSTMENTS: dict[str, Any] = {
     "lr_decay": {"surge": {"min_increase_tokens": 1.0}},

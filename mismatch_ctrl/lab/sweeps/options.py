@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..formatting import brief, clip
-from .policy import POLICY_KINDS
-from .quant import QUANT_MODES, as_quant_config
+from ...formatting import brief, clip
+from ..model.policy import POLICY_KINDS
+from ..model.quant import QUANT_MODES, as_quant_config
 
 DEFAULT_METHODS = "grpo@none,grpo,grpo+r3,dcgrpo,token_tis,geo_rs_e4m3"
 
@@ -155,9 +155,9 @@ def quant_list(text: str) -> str:
 
 
 def device_name(text: str) -> str:
-    """``auto`` (resolved per policy by :func:`~mismatch_ctrl.lab.trainer.auto_device`), ``cpu`` or ``cuda``
+    """``auto`` (resolved per policy by :func:`~mismatch_ctrl.lab.training.settings.auto_device`), ``cpu`` or ``cuda``
     (refused without a CUDA GPU)."""
-    from .trainer import check_device
+    from ..training.settings import check_device
 
     if text == "auto":
         return text

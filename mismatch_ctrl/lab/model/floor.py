@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..batch import TokenBatch
-from ..metrics import METRIC_COLUMNS, SeqMetrics, mismatch_metrics
-from ..seqstats import SeqStats
-from ..signals import token_signal
+from ...batch import TokenBatch
+from ...metrics import METRIC_COLUMNS, SeqMetrics, mismatch_metrics
+from ...seqstats import SeqStats
+from ...signals import token_signal
 from .engine import Rollout, RolloutEngine
 from .policy import TinyPolicy
 from .routing import routing_metrics

@@ -20,10 +20,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formatting import brief, clip
-from .methods import RunSpec
+from ...formatting import brief, clip
+from ..training.methods import RunSpec
+from ..training.settings import LabSettings
+from ..training.summary import summarize
+from ..training.trainer import RUN_FILE
 from .sweep import FINGERPRINT_FILE, SweepError, differences, digest
-from .trainer import RUN_FILE, LabSettings, summarize
 
 METRICS_FILE = "metrics.jsonl"
 _NOT_NUMBERS = ("label", "method", "quant", "replay", "seed", "settings")

@@ -21,108 +21,29 @@ slime's ``--dump-details`` format (``<run>/dump/train_data/<rollout>.pt``), whic
 from __future__ import annotations
 
 import json
-import math
 import time
 from argparse import Namespace
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from ..analyze.dumps import samples_from_rollout_data, write_train_dump
-from ..batch import Segments
-from ..slime import hooks
-from ..slime.names import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
-from .engine import RolloutEngine
+from ...analyze.dumps import samples_from_rollout_data, write_train_dump
+from ...batch import Segments
+from ...slime import hooks
+from ...slime.names import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
+from ..model.engine import RolloutEngine
+from ..model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
+from ..model.routing import routing_metrics
+from ..model.task import make_task
 from .methods import RunSpec, method_section
-from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy
-from .routing import routing_metrics
-from .task import TASKS, make_task
+from .settings import LabSettings, check_device
+from .summary import summarize
 
 PREFIX = "mismatch_ctrl/"
 RUN_FILE = "run.json"
-LAYER_FLIPS = "routing_flip_fraction_layer"
-
-
-@dataclass(frozen=True)
-class LabSettings:
-    """Everything but the method and the quantisation mode that defines a lab run."""
-
-    task: str = "add"
-    policy: str = "moe"
-    steps: int = 200
-    lr: float = 1e-3
-    seed: int = 0
-    prompts_per_step: int = 32
-    samples_per_prompt: int = 8
-    optimizer_steps: int = 2
-    micro_batches: int = 2
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    temperature: float = 1.0
-    max_new_tokens: int | None = None
-    eval_every: int = 20
-    eval_prompts: int = 256
-    collapse_window: int = 10
-    dump_details: bool = False
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.optimizer_steps < 1 or self.micro_batches < 1:
-            raise ValueError(f"num_steps_per_rollout (optimizer steps per rollout) and micro_batches must be >= 1, got "
-                             f"{self.optimizer_steps} and {self.micro_batches}")
-        batch = self.prompts_per_step * self.samples_per_prompt
-        if batch % (self.optimizer_steps * self.micro_batches):
-            raise ValueError(f"prompts_per_step x samples_per_prompt ({batch}) must be a multiple of "
-                             f"num_steps_per_rollout x micro_batches ({self.optimizer_steps} x {self.micro_batches}); "
-                             "change --prompts, --samples or --num-steps-per-rollout")
-        for name in ("steps", "prompts_per_step", "eval_every", "eval_prompts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.task not in TASKS:
-            raise ValueError(f"task: unknown {self.task!r}; choose one of {sorted(TASKS)}")
-        if self.policy not in POLICY_KINDS:
-            raise ValueError(f"policy: unknown kind {self.policy!r}; choose one of {sorted(POLICY_KINDS)}")
-        if self.samples_per_prompt < 2:
-            raise ValueError("samples_per_prompt must be >= 2 (GRPO normalises rewards within a prompt's group)")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        if self.device not in DEVICES:
-            raise ValueError(f"device: expected one of {list(DEVICES)}, got {self.device!r}")
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.prompts_per_step * self.samples_per_prompt // self.optimizer_steps
-
-
-DEVICES = ("cpu", "cuda")
-
-
-def check_device(device: str) -> None:
-    """Refuse a device the lab cannot run on: not ``cpu`` / ``cuda``, or ``cuda`` without a CUDA GPU."""
-    if device not in DEVICES:
-        raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: cuda requested but torch finds no CUDA GPU (torch "
-                         f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); use --device cpu or auto")
-
-
-CUDA_MIN_PARAMETERS = 1_000_000
-"""``--device auto`` trains a policy of at least this many parameters on CUDA (when torch finds a GPU) and a smaller
-one on the CPU. Measured on one H200 (GPU_NOTES, 2026-11-26): the 105,664-parameter ``moe`` policy ran 20 rollouts
-with its warm-up in 17.2 s on CUDA against 13.8 s on the CPU (its kernels are too small to fill a GPU, so launches
-and host synchronisations dominate), while the 5.3M-parameter ``moe-large`` is sized for a GPU. ``make gpu-check``
-measures both policies on both devices and says whether this rule picked the faster one."""
-
-
-def auto_device(policy: str, task: str) -> str:
-    """What ``--device auto`` runs ``policy`` on (see :data:`CUDA_MIN_PARAMETERS`)."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    size = TinyPolicy(PolicyConfig.of_kind(policy, make_task(task))).num_parameters()
-    return "cuda" if size >= CUDA_MIN_PARAMETERS else "cpu"
 
 
 class ConstantLRScheduler:
@@ -181,26 +102,6 @@ def token_mean_metrics(metrics: dict[str, Tensor], segments: Segments, mask: Ten
     ``sum_t m x / max(sum_t m, 1)``, then the mean over all samples."""
     counts = segments.sum(mask)[:, 0].clamp_min(1.0)
     return {name: float((segments.sum(value * mask)[:, 0] / counts).mean()) for name, value in metrics.items()}
-
-
-def collapse_step(rewards: list[float], window: int) -> int | None:
-    """First step where the trailing ``window``-step mean training reward falls below half its best so far (a best
-    of at least 0.1) and never recovers above three quarters of it [ours]."""
-    best, candidate, total = 0.0, None, 0.0
-    for i, reward in enumerate(rewards):
-        total += reward - (rewards[i - window] if i >= window else 0.0)
-        value = total / min(i + 1, window)
-        if candidate is not None and value >= 0.75 * best:
-            candidate = None
-        best = max(best, value)
-        if candidate is None and best >= 0.1 and value < 0.5 * best:
-            candidate = i
-    return candidate
-
-
-def blow_up_step(records: list[dict[str, Any]]) -> int | None:
-    """First rollout whose engine logits turned NaN or infinite in some sample (a blown-up policy), else None."""
-    return next((i for i, r in enumerate(records) if r.get("engine_nonfinite_fraction", 0.0) > 0), None)
 
 
 class Trainer:
@@ -358,53 +259,3 @@ class Trainer:
                 if progress is not None:
                     progress(1)
         return summarize(self.spec, s, records)
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row of the report: accuracies (start, final, best, and ``late``: the mean over the evaluations of the last
-    quarter of the rollouts and the final one), reward, discrepancy (mean, max, first and last quarter), routing
-    flips, collapse step (``collapse_step`` on the rewards or ``blow_up_step``, whichever comes first), the share of
-    samples whose engine logits turned non-finite (a blown-up policy) and wall
-    time of a run."""
-    evals = [r for r in records if "eval_acc_engine" in r]
-    last = records[-1]
-    evals.append({"step": len(records), "eval_acc_engine": last["final_eval_acc_engine"],
-                  "eval_acc_fp32": last["final_eval_acc_fp32"]})
-    quarter = max(1, len(records) // 4)
-    late_evals = [r for r in evals if r["step"] >= len(records) - quarter]
-    discrepancy = [r["discrepancy"] for r in records if "discrepancy" in r]
-    rewards = [r["reward"] for r in records]
-
-    def mean_of(key: str, rows: list[dict[str, Any]] = records) -> float | None:
-        return _mean([r[key] for r in rows if r.get(key) is not None])
-
-    layer_keys = sorted(k for k in records[0] if k.startswith(LAYER_FLIPS))
-    return {
-        "label": spec.label, "method": spec.method, "quant": spec.quant, "replay": spec.replay,
-        "seed": settings.seed, "settings": asdict(settings),
-        "initial_acc_engine": evals[0]["eval_acc_engine"],
-        "final_acc_engine": evals[-1]["eval_acc_engine"], "best_acc_engine": max(r["eval_acc_engine"] for r in evals),
-        "late_acc_engine": mean_of("eval_acc_engine", late_evals),
-        "acc_change_engine": mean_of("eval_acc_engine", late_evals) - evals[0]["eval_acc_engine"],
-        "final_acc_fp32": evals[-1]["eval_acc_fp32"], "best_acc_fp32": max(r["eval_acc_fp32"] for r in evals),
-        "late_acc_fp32": mean_of("eval_acc_fp32", late_evals),
-        "final_reward": _mean(rewards[-settings.collapse_window:]),
-        "late_reward": _mean(rewards[-quarter:]),
-        "discrepancy_mean": _mean(discrepancy) or 0.0,
-        "discrepancy_max": max(discrepancy, default=0.0),
-        "discrepancy_first": _mean(discrepancy[:quarter]) or 0.0,
-        "discrepancy_last": _mean(discrepancy[-quarter:]) or 0.0,
-        "routing_flip_fraction": mean_of("routing_flip_fraction"),
-        **{key: mean_of(key) for key in layer_keys},
-        "discrepancy_flipped": mean_of("discrepancy_flipped"),
-        "discrepancy_unflipped": mean_of("discrepancy_unflipped"),
-        "collapse_step": min((step for step in (collapse_step(rewards, settings.collapse_window),
-                                                blow_up_step(records)) if step is not None), default=None),
-        "engine_nonfinite_fraction": mean_of("engine_nonfinite_fraction") or 0.0,
-        "seconds": records[-1]["seconds"],
-        "seconds_per_step": records[-1]["seconds"] / len(records),
-    }

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..formatting import fmt
-from .aggregate import Spread, aggregate
+from ...formatting import fmt
+from ..training.summary import LAYER_FLIPS
 from .frontier import GAPS, VERSUS, frontier, frontier_json, missing_references, versus_grpo, write_frontier_plot
 from .plots import write_plots as write_plots  # the lab writes its plots through this module
-from .trainer import LAYER_FLIPS
+from .stats import Spread, aggregate
 
 AGGREGATED = ("initial_acc_engine", "final_acc_engine", "late_acc_engine", "acc_change_engine", "best_acc_engine",
               "final_acc_fp32", "late_acc_fp32", "final_reward", "late_reward",

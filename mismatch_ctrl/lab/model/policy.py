@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from .task import Task
 
-
 PolicyKind = Literal["dense", "moe"]
 POLICY_KINDS: dict[str, dict[str, int]] = {
     "dense": {"d_ff": 256},

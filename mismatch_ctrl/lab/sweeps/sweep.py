@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formatting import brief, clip
-from .methods import RunSpec, method_section
-from .trainer import LabSettings
-from .warmup import WarmupConfig
+from ...formatting import brief, clip
+from ..model.warmup import WarmupConfig
+from ..training.methods import RunSpec, method_section
+from ..training.settings import LabSettings
 
 FINGERPRINT_FILE = "fingerprint.json"
 PARTIAL_SUFFIX = ".partial"

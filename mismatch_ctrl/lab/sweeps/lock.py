@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..formatting import brief
+from ...formatting import brief
 from .sweep import SweepError
 
 LOCK_FILE = ".lab.lock"
