@@ -4,7 +4,6 @@ does and what it may use. Every lab module is short enough to read in one sittin
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from import_graph import PACKAGE, imports_of, module_name

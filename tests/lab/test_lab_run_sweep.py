@@ -23,7 +23,8 @@ from mismatch_ctrl.lab.sweeps.progress import SweepProgress
 from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab, summary_table
 from mismatch_ctrl.lab.sweeps.integrity import check_runs, run_folders
 from mismatch_ctrl.lab.sweeps.lock import LOCK_FILE, OutLock
-from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, SweepError, differences, digest, fingerprint_inputs
+from mismatch_ctrl.lab.sweeps.sweep import (FINGERPRINT_FILE, RunTask, SweepError, differences, digest,
+                                           fingerprint_inputs)
 from mismatch_ctrl.lab.training.settings import LabSettings
 
 TINY = dict(steps=2, prompts_per_step=4, samples_per_prompt=4, eval_every=1, eval_prompts=8)
