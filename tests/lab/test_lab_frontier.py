@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from mismatch_ctrl.lab.results.frontier import (EXACT, dose_mismatch, dose_ticks, frontier, versus_grpo,
-                                               write_frontier_plot, x_positions)
+from mismatch_ctrl.lab.results.frontier import EXACT, dose_mismatch, frontier, versus_grpo
+from mismatch_ctrl.lab.results.frontier_plot import dose_ticks, write_frontier_plot, x_positions
 from mismatch_ctrl.lab.results.report import aggregate_runs, controller_row, write_report
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from ...formatting import fmt
 from ..training.summary import LAYER_FLIPS
-from .frontier import GAPS, VERSUS, frontier, frontier_json, missing_references, versus_grpo, write_frontier_plot
+from .frontier import GAPS, VERSUS, frontier, frontier_json, missing_references, versus_grpo
+from .frontier_plot import write_frontier_plot
 from .plots import write_plots as write_plots  # the lab writes its plots through this module
 from .stats import Spread, aggregate
 
