@@ -83,7 +83,8 @@ def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[
 def _lab(ns: argparse.Namespace) -> int:
     from .lab.sweeps.executors import LocalExecutor, RayExecutor
     from .lab.sweeps.options import LAB_DEFAULTS
-    from .lab.sweeps.run import SweepInterrupted, rewrite_report, run_lab, summary_table
+    from .lab.results.console import summary_table
+    from .lab.sweeps.run import SweepInterrupted, rewrite_report, run_lab
     from .lab.sweeps.sweep import SweepError
 
     if ns.report_only:
@@ -101,7 +102,7 @@ def _lab(ns: argparse.Namespace) -> int:
             return 2
         except OSError as exc:
             return _unwritable(exc, ns.out, "free space or make --out writable")
-        print(f"{summary_table(result.summaries)}\n\nreport: {result.report}")
+        print(f"{summary_table(result.table)}\n\nreport: {result.report}")
         _not_compared(result.missing)
         return 0
     try:
@@ -122,8 +123,47 @@ def _lab(ns: argparse.Namespace) -> int:
         return 130
     except OSError as exc:
         return _unwritable(exc, ns.out, "free space or choose a writable --out / --cache-dir")
-    print(f"\n{summary_table(result.summaries)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
+    print(f"\n{summary_table(result.table)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
     _not_compared(result.missing)
+    return 0
+
+
+def _lab_compare(ns: argparse.Namespace) -> int:
+    """``mismatch-ctrl lab compare``: pooled differences against GRPO, or interactions with ``--pairs``."""
+    from .lab.results.console import interaction_table, pooled_table
+    from .lab.results.pooling import interactions, pooled_versus
+    from .lab.sweeps.compare import read_directories, setting_differences
+    from .lab.sweeps.sweep import SweepError
+
+    dirs = ns.directories
+    if ns.pairs and len(dirs) % 2:
+        print(f"mismatch-ctrl lab compare: --pairs takes directories in pairs A B, got {len(dirs)}", file=sys.stderr)
+        return 2
+    try:
+        table = read_directories(dirs)
+    except SweepError as exc:
+        print(f"mismatch-ctrl lab compare: {exc}", file=sys.stderr)
+        return 2
+    halves = [dirs[::2], dirs[1::2]] if ns.pairs else [dirs]
+    mixed = [d for half in halves for d in setting_differences(table.where(*map(str, half)))]
+    if mixed and not ns.across_settings:
+        print(f"mismatch-ctrl lab compare: runs trained with different settings would be pooled ({'; '.join(mixed)}); "
+              "pool one setting at a time, compare two with --pairs A B, or pool across them on purpose with "
+              "--across-settings", file=sys.stderr)
+        return 2
+    if ns.pairs:
+        pairs = [(str(a), str(b)) for a, b in zip(dirs[::2], dirs[1::2])]
+        rows = interactions(table, pairs, ns.metric)
+        text = interaction_table(rows, ns.metric, pairs) if rows else None
+        why = "no run is in both directories of a pair with seeds in both (and, but for GRPO, its grpo@<engine>)"
+    else:
+        rows = pooled_versus(table, ns.metric)
+        text = pooled_table(rows, ns.metric) if rows else None
+        why = "no run has a GRPO run on its engine (grpo@<engine>) with a seed in common"
+    if text is None:
+        print(f"mismatch-ctrl lab compare: nothing to compare: {why}", file=sys.stderr)
+        return 2
+    print(text + "".join(f"\n\nPooled across settings: {line}" for line in mixed))
     return 0
 
 
@@ -319,6 +359,28 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--cache-dir", type=options.directory,
                      help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
     lab.set_defaults(run=_lab)
+    from .lab.results.frontier import VERSUS
+
+    lab_commands = lab.add_subparsers(dest="lab_command", metavar="compare")
+    compare = lab_commands.add_parser(
+        "compare", help="pool finished runs over several --out directories, or pair two settings",
+        description="Read the runs of lab output directories once (every run folder checked as --report-only checks "
+                    "it) and compare each controller with GRPO on its engine, paired per seed: per directory and "
+                    "pooled over them (their seeds differ, so the pairs are independent), or, with --pairs, its gain "
+                    "over GRPO in A and in B and the interaction B - A (directories in pairs A B that differ in one "
+                    "setting; more pairs, of other seeds, are pooled). A run counts once: a directory given twice, a "
+                    "copied run, or one run in two directories is refused. Prints a markdown table.")
+    compare.add_argument("directories", nargs="+", type=Path, metavar="DIR",
+                         help="lab output directories (the --out of mismatch-ctrl lab)")
+    compare.add_argument("--metric", default="late_acc_engine", choices=[key for key, _ in VERSUS],
+                         help="the per-run number compared (default: late_acc_engine)")
+    compare.add_argument("--pairs", action="store_true",
+                         help="directories in pairs A B (A: the reference setting, B: one setting changed): gains in "
+                              "A and B and their difference per run")
+    compare.add_argument("--across-settings", action="store_true",
+                         help="pool directories trained with different settings (e.g. the MoE and the dense policy) "
+                              "on purpose; the table names the differences. Without it they are refused")
+    compare.set_defaults(run=_lab_compare)
 
     from .analyze.analysis import eps_option, number_option
 

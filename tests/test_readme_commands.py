@@ -10,6 +10,8 @@ What runs and what is only resolved:
   ``--out`` other than the default ``runs/lab`` (except ``make demo``'s own ``mismatch-ctrl lab --out runs/lab``),
   so it never lands among the demo's runs and is refused there; commands sharing an ``--out`` share its settings
   (``lab`` refuses an ``--out`` holding runs made with other settings).
+- ``mismatch-ctrl lab compare ...``: **resolved only**: it parses, every directory it compares is the ``--out`` of a
+  lab command the documents show, and directories it pools share their settings unless it says ``--across-settings``.
 - ``mismatch-ctrl analyze ...``: **resolved only** (its input is a lab run's dump): it parses, and each analyze of a
   lab dump reads a folder that a ``lab --dump-details`` command of the same documents writes.
 - ``python benchmarks/...``: written with the virtual environment's interpreter (``.venv/bin/python``, or plain
@@ -69,7 +71,8 @@ def mismatch_ctrl_commands(text: str) -> list[list[str]]:
 
 
 COMMANDS = [(path, argv) for path in DOCUMENTS for argv in mismatch_ctrl_commands(path.read_text())]
-LAB = [(p, a) for p, a in COMMANDS if a[0] == "lab" and "--help" not in a]
+LAB = [(p, a) for p, a in COMMANDS if a[0] == "lab" and "--help" not in a and a[1] != "compare"]
+COMPARE = [(p, a) for p, a in COMMANDS if a[:2] == ["lab", "compare"] and len(a) > 2 and "--help" not in a]
 
 
 def _ids(items):
@@ -112,6 +115,30 @@ def test_lab_commands_sharing_an_out_share_its_settings():
         assert first[0] == key, (f"--out {ns.out}: `mismatch-ctrl {' '.join(argv)}` ({_rel(path)}) and "
                                  f"`mismatch-ctrl {' '.join(first[2])}` ({_rel(first[1])}) differ in their settings: "
                                  "the second would be refused")
+
+
+def _trained_settings() -> dict[str, object]:
+    """Each ``--out`` a shown lab command trains into -> its settings (seed aside)."""
+    out = {}
+    for _, argv in LAB:
+        ns = build_parser().parse_args(argv)
+        if not ns.report_only:
+            out[ns.out.rstrip("/")] = dataclasses.replace(lab_plan(ns)[1], seed=0)
+    return out
+
+
+@pytest.mark.parametrize("path, argv", COMPARE, ids=_ids(COMPARE))
+def test_each_compare_reads_directories_shown_commands_train_and_pools_only_what_it_may(path, argv):
+    ns = build_parser().parse_args(argv)
+    trained = _trained_settings()
+    dirs = [str(d).rstrip("/") for d in ns.directories]
+    missing = [d for d in dirs if d not in trained]
+    assert not missing, f"{_rel(path)}: `mismatch-ctrl {' '.join(argv)}` compares {missing}, which no lab command " \
+                        "of the documents trains"
+    halves = [dirs[::2], dirs[1::2]] if ns.pairs else [dirs]
+    mixed = [d for half in halves for d in half if trained[d] != trained[half[0]]]
+    assert ns.across_settings or not mixed, f"{_rel(path)}: `mismatch-ctrl {' '.join(argv)}` pools {mixed}, " \
+        "trained with other settings: it is refused without --across-settings"
 
 
 HELP = [(p, a) for p, a in COMMANDS if "--help" in a]
@@ -167,8 +194,7 @@ BENCHMARKS = benchmark_commands()
 
 
 def test_the_documents_show_benchmark_commands():
-    assert {args[0] for _, _, args in BENCHMARKS} >= {"benchmarks/lab_mismatch.py", "benchmarks/lab_rollouts.py",
-                                                      "benchmarks/lab_pooled.py", "benchmarks/lab_interaction.py"}
+    assert {args[0] for _, _, args in BENCHMARKS} >= {"benchmarks/lab_mismatch.py", "benchmarks/lab_rollouts.py"}
 
 
 @pytest.mark.parametrize("path, interpreter, args", BENCHMARKS,

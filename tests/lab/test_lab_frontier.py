@@ -9,7 +9,15 @@ import pytest
 
 from mismatch_ctrl.lab.results.frontier import EXACT, dose_mismatch, frontier, versus_grpo
 from mismatch_ctrl.lab.results.frontier_plot import dose_ticks, write_frontier_plot, x_positions
-from mismatch_ctrl.lab.results.report import aggregate_runs, controller_row, write_report
+from mismatch_ctrl.lab.results.controllers import controller_row
+from mismatch_ctrl.lab.results.groups import aggregate_runs as aggregate_table
+from mismatch_ctrl.lab.results.outputs import write_outputs
+from mismatch_ctrl.lab.results.table import Run, RunTable
+
+
+def aggregate_runs(rows: list[dict]) -> dict[str, dict]:
+    """The per-label aggregate of summary rows (a table without records)."""
+    return aggregate_table(RunTable.from_summaries(rows))
 
 
 def t_975(df: int) -> float:
@@ -198,8 +206,11 @@ def test_report_and_summary_carry_the_same_frontier_numbers(tmp_path):
             lam = [{"lambda": 0.05 * (k + 1), "lambda_next": 0.05 * (k + 2), "eps": 0.01}
                    if label.startswith("dcgrpo") else {} for k in range(2)]
             (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": k, **lam[k]}) for k in range(2)))
-    aggregated = aggregate_runs(rows)
-    write_report(rows, aggregated, [], tmp_path, ["mismatch-ctrl lab --test"])
+    records = {(r["label"], r["seed"]): [json.loads(line) for line in (tmp_path / r["label"] / f"seed{r['seed']}" /
+                                                                    "metrics.jsonl").read_text().splitlines()]
+               for r in rows}
+    write_outputs(RunTable.of(Run(r, records[r["label"], r["seed"]]) for r in rows), tmp_path,
+                  ["mismatch-ctrl lab --test"])
     report = (tmp_path / "report.md").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (tmp_path / "plots" / "frontier.png").read_bytes()[:4] == b"\x89PNG"

@@ -7,7 +7,8 @@ import pytest
 
 from mismatch_ctrl.lab.results.stats import aggregate, paired, sign, spread, t_quantile_975
 from mismatch_ctrl.lab.results.plots import _series, band, curves_of, far_below, informative, twins, write_plots
-from mismatch_ctrl.lab.results.report import aggregate_runs
+from mismatch_ctrl.lab.results.groups import aggregate_runs
+from mismatch_ctrl.lab.results.table import RunTable
 
 
 def test_spread_of_known_numbers():
@@ -47,7 +48,7 @@ def test_aggregate_runs_per_label_and_paired_differences():
                  summary("grpo@e4m3", "grpo", "e4m3", seed, grpo),
                  summary("dcgrpo@e4m3", "dcgrpo", "e4m3", seed, dcgrpo, collapse=5 if seed == 1 else None),
                  summary("token_tis@e4m3", "token_tis", "e4m3", seed, tis)]
-    result = aggregate_runs(rows)
+    result = aggregate_runs(RunTable.from_summaries(rows))
     assert list(result) == ["grpo@none", "grpo@e4m3", "dcgrpo@e4m3", "token_tis@e4m3"]
     entry = result["grpo@e4m3"]
     assert entry["seeds"] == [0, 1, 2] and entry["spreads"]["late_acc_engine"].mean == pytest.approx(0.41)

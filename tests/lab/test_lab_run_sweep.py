@@ -20,7 +20,9 @@ from mismatch_ctrl.lab.sweeps import run as lab_run
 from mismatch_ctrl.lab.sweeps.executors import LocalExecutor, RunFailed
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.sweeps.progress import SweepProgress
-from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab, summary_table
+from mismatch_ctrl.lab.results.console import summary_table
+from mismatch_ctrl.lab.results.table import RunTable
+from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab
 from mismatch_ctrl.lab.sweeps.integrity import check_runs, run_folders
 from mismatch_ctrl.lab.sweeps.lock import LOCK_FILE, OutLock
 from mismatch_ctrl.lab.sweeps.sweep import (FINGERPRINT_FILE, RunTask, SweepError, differences, digest,
@@ -304,7 +306,7 @@ def test_cli_prints_a_summary_table_per_run_with_means_over_seeds(tmp_path, caps
                                              "--steps", "2", "--seeds", "0,1", "--jobs", "1"))
     assert code == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())["runs"]
-    table = summary_table(summary)
+    table = summary_table(RunTable.from_summaries(summary))
     assert table in out
     lines = table.splitlines()
     assert lines[0].split() == ["run", "seeds", "late", "acc", "late", "reward", "discrepancy", "collapsed"]

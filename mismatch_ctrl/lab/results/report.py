@@ -1,51 +1,21 @@
-"""The lab's outputs a person reads: ``report.md`` (one row per method, mean and 95% interval over seeds; the
-frontier against the exact engine and each controller against GRPO, paired per seed; each run's controller state),
-``summary.json`` (the same numbers, per seed and aggregated) and the PNG plots (``plots``, ``frontier``)."""
+"""``report.md``: the lab's comparison (``analysis.Comparison``) as a page a person reads - one row per run with mean
+and 95% interval over seeds, the frontier against the exact engine and each controller against GRPO (paired per
+seed), each run's controller state, and the plots."""
 
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 from typing import Any
 
 from ...formatting import fmt
 from ..training.summary import LAYER_FLIPS
-from .frontier import GAPS, VERSUS, frontier, frontier_json, missing_references, versus_grpo
-from .frontier_plot import write_frontier_plot
-from .plots import write_plots as write_plots  # the lab writes its plots through this module
-from .stats import Spread, aggregate
-
-AGGREGATED = ("initial_acc_engine", "final_acc_engine", "late_acc_engine", "acc_change_engine", "best_acc_engine",
-              "final_acc_fp32", "late_acc_fp32", "final_reward", "late_reward",
-              "discrepancy_mean", "discrepancy_first", "discrepancy_last", "discrepancy_max", "routing_flip_fraction",
-              "discrepancy_flipped", "discrepancy_unflipped", "seconds_per_step")
-"""Run-summary quantities aggregated over seeds."""
+from .analysis import Comparison
+from .controllers import CONTROLLER_COLUMNS
+from .frontier import GAPS, VERSUS
+from .stats import Spread
 
 INTERVAL = "95% t interval of the mean over seeds"
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The per-step records of one run (``metrics.jsonl``)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def aggregate_runs(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per label (in first-seen order): method, quantisation, replay, the seeds, the ``Spread`` of every
-    ``AGGREGATED`` quantity, how many seeds collapsed, and ``by_seed``: quantity -> seed -> value."""
-    out: dict[str, dict[str, Any]] = {}
-    for s in summaries:
-        entry = out.setdefault(s["label"], {"method": s["method"], "quant": s["quant"], "replay": s["replay"],
-                                            "rows": []})
-        entry["rows"].append(s)
-    for entry in out.values():
-        rows = entry.pop("rows")
-        keys = AGGREGATED + tuple(sorted(k for k in rows[0] if k.startswith(LAYER_FLIPS)))
-        entry["seeds"] = [r["seed"] for r in rows]
-        entry["spreads"] = aggregate(rows, keys)
-        entry["by_seed"] = {key: {r["seed"]: r[key] for r in rows if r.get(key) is not None} for key in keys}
-        entry["collapses"] = sum(r["collapse_step"] is not None for r in rows)
-    return out
 
 
 def _cell(s: Spread | None, digits: int = 3) -> str:
@@ -84,37 +54,6 @@ def _frontier_lines(found: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-CONTROLLER_COLUMNS = ("eps_start", "eps_end", "lambda_start", "lambda_peak", "lambda_end", "penalty_share",
-                      "routing_flip_fraction")
-
-
-def controller_row(records: list[dict[str, Any]]) -> dict[str, float | None]:
-    """One run's controller state from its ``metrics.jsonl`` records: DC-GRPO's eps at the first and last rollout,
-    lambda at the start, its peak and its end (the multiplier after the last update, ``lambda_next``), the mean
-    ``penalty_share`` (|lambda c| / |A|) and the mean share of tokens whose routing flipped; None where not logged."""
-
-    def values(key: str) -> list[float]:
-        return [r[key] for r in records if r.get(key) is not None]
-
-    eps, lam, share, flips = values("eps"), values("lambda"), values("penalty_share"), values("routing_flip_fraction")
-    lam_end = values("lambda_next")[-1:] or lam[-1:]
-    return {"eps_start": eps[0] if eps else None, "eps_end": eps[-1] if eps else None,
-            "lambda_start": lam[0] if lam else None, "lambda_peak": max(lam + lam_end) if lam else None,
-            "lambda_end": lam_end[0] if lam_end else None,
-            "penalty_share": sum(share) / len(share) if share else None,
-            "routing_flip_fraction": sum(flips) / len(flips) if flips else None}
-
-
-def controller_rows(summaries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
-    """``controller_row`` of every run whose ``OUT/<label>/seed<k>/metrics.jsonl`` exists, with label and seed."""
-    out = []
-    for s in summaries:
-        path = out_dir / s["label"] / f"seed{s['seed']}" / "metrics.jsonl"
-        if path.is_file():
-            out.append({"label": s["label"], "seed": s["seed"], **controller_row(read_metrics(path))})
-    return out
-
-
 def _controller_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The per-run controller table (nothing when no run logged any of its columns)."""
     if not any(row[key] is not None for row in rows for key in CONTROLLER_COLUMNS):
@@ -135,16 +74,16 @@ def _controller_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str, Any]], plots: list[Path],
-                 out_dir: Path, commands: list[str]) -> Path:
-    """``report.md`` (settings, one row per method with mean [95% interval] over seeds, the differences the
-    intervals support, the plots) and ``summary.json`` (every run's summary and the aggregate)."""
-    settings = summaries[0]["settings"]
-    found = frontier(aggregated)
-    if found is not None:
-        plots = [write_frontier_plot(found, out_dir / "plots" / "frontier.png"), *plots]
-    controllers = controller_rows(summaries, out_dir)
-    seeds = sorted({s["seed"] for s in summaries})
+def write_report(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str]) -> Path:
+    """``out_dir/report.md``: the settings, one row per run with mean [95% interval] over seeds, the differences the
+    intervals support, the controller table and ``plots`` (paths under ``out_dir``)."""
+    path = out_dir / "report.md"
+    path.write_text("\n".join(_lines(comparison, plots, out_dir, commands)) + "\n")
+    return path
+
+
+def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str]) -> list[str]:
+    settings, seeds, aggregated = comparison.settings, comparison.seeds, comparison.aggregated
     lines = [
         "# mismatch_ctrl CPU lab report",
         "",
@@ -182,8 +121,8 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
             per_layer.append(f"`{label}` " + ", ".join(f"layer {j}: {fmt(s.mean)}" for j, s in layers))
     if per_layer:
         lines += ["", "Routing flips per layer (mean over seeds): " + "; ".join(per_layer) + "."]
-    lines += _frontier_lines(found)
-    versus = versus_grpo(aggregated)
+    lines += _frontier_lines(comparison.frontier)
+    versus = comparison.versus
     lines += ["", "## Each controller against GRPO on the same engine", ""]
     if not versus:
         lines.append("No run has a GRPO run on the same engine (`grpo@<engine>`) to compare with.")
@@ -199,10 +138,10 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
             lines.append(f"| `{run}` | `{cells[next(iter(cells))]['reference']}` | " + " | ".join(
                 _verdict(cells[key]["difference"], cells[key]["sign"]) if key in cells else "-"
                 for key, _ in VERSUS) + " |")
-    missing = missing_references(aggregated, found)
+    missing = comparison.missing
     if missing:
         lines += ["", "Not compared (a reference run is missing from this directory): " + "; ".join(missing) + "."]
-    lines += _controller_lines(controllers)
+    lines += _controller_lines(comparison.controllers)
     lines += [
         "",
         "Late: over the last quarter of the rollouts (accuracy: the mean of the evaluations there and the final "
@@ -216,19 +155,4 @@ def write_report(summaries: list[dict[str, Any]], aggregated: dict[str, dict[str
         "## Plots",
         "",
     ]
-    lines += [f"![{p.stem}]({p.relative_to(out_dir).as_posix()})" for p in plots]
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    summary = {
-        "commands": commands, "seeds": seeds, "interval": INTERVAL, "runs": summaries,
-        "aggregate": {label: {**{k: v for k, v in entry.items() if k not in ("spreads", "by_seed")},
-                              "metrics": {k: s.as_dict() for k, s in entry["spreads"].items()}}
-                      for label, entry in aggregated.items()},
-        "frontier": None if found is None else frontier_json(found),
-        "versus_grpo": [{**c, "difference": c["difference"].as_dict()} for c in versus],
-        "controllers": controllers,
-        "missing_comparisons": missing,
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return path
-
+    return lines + [f"![{p.stem}]({p.relative_to(out_dir).as_posix()})" for p in plots]

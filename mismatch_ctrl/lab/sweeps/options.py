@@ -50,7 +50,7 @@ rollout, ``benchmarks/lab_rollouts.py``); a machine under load takes longer.
 ``offpolicy``: off-policy updates, K = 4 optimizer steps per rollout (steps 2-4 train on a rollout the policy has
 moved away from), GRPO with and without R3 and token TIS on the e4m3 and NVFP4 engines and the exact engine, 10
 seeds (70 runs, ~25 min on 2 cores); rerun with ``--num-steps-per-rollout 1`` into another ``--out`` for the
-on-policy baseline and compare the two with ``benchmarks/lab_interaction.py``.
+on-policy baseline and compare the two with ``mismatch-ctrl lab compare --pairs``.
 
 ``gpu-moe``: the CPU lab's off-policy finding at 50x the parameters, for one GPU (``--device auto`` runs the
 5.3M-parameter ``moe-large`` on CUDA): the exact engine, GRPO and GRPO + R3 on the NVFP4 engine at K = 4 optimizer

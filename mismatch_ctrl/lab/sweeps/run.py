@@ -19,15 +19,15 @@ from typing import Any
 
 import torch
 
-from ...formatting import clip, fmt
+from ...formatting import clip
 from ..model.warmup import WarmupConfig, cache_path, default_cache_dir, warmup_policy, warmup_preset
-from ..results.frontier import frontier, missing_references
-from ..results.report import aggregate_runs, read_metrics, write_plots, write_report
+from ..results.outputs import write_outputs
+from ..results.table import Run, RunTable
 from ..training.methods import RunSpec
 from ..training.settings import LabSettings
 from .budget import check_warmups
 from .executors import Executor, LocalExecutor
-from .integrity import check_run, check_runs, run_folders
+from .integrity import CheckedRun, check_run, check_runs, run_folders
 from .lock import OutLock
 from .progress import SweepProgress
 from .sweep import (
@@ -54,14 +54,18 @@ class SweepInterrupted(SweepError):
 
 @dataclass(frozen=True)
 class LabResult:
-    """Per-run summaries (one per method and seed), their aggregate over seeds per method, report, plots, and the
-    comparisons the report could not make because a reference run is missing (``missing_references``)."""
+    """The runs (``table``; ``summaries``: one per method and seed), their aggregate over seeds per label, report,
+    plots, and the comparisons the report could not make because a reference run is missing."""
 
-    summaries: list[dict[str, Any]]
+    table: RunTable
     aggregate: dict[str, dict[str, Any]]
     report: Path
     plots: list[Path]
     missing: list[str]
+
+    @property
+    def summaries(self) -> list[dict[str, Any]]:
+        return [dict(run.summary) for run in self.table]
 
 
 def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int = 1,
@@ -109,10 +113,10 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
         if todo:
             executor.connect()
             _train(todo, base, out_dir, executor, cache_dir, show_progress, progress_interval, len(grid) - len(todo))
-        folders = [run_dir(out_dir, spec, s.seed) for spec, s in grid]
-        summaries = [(checked.get(folder) or check_run(folder)).summary for folder in folders]
-        summaries.sort(key=lambda row: (labels.index(row["label"]), row["seed"]))
-        return _write_outputs(summaries, out_dir, list(dict.fromkeys(_commands(out_dir, command))))
+        runs = [checked.get(folder) or check_run(folder) for folder in (run_dir(out_dir, spec, s.seed)
+                                                                          for spec, s in grid)]
+        runs.sort(key=lambda run: (labels.index(run.spec.label), run.settings.seed))
+        return _write_outputs(runs, out_dir, list(dict.fromkeys(_commands(out_dir, command))))
 
 
 def _quiet(text: str) -> None:
@@ -154,16 +158,12 @@ def _train(todo: list[tuple[RunSpec, LabSettings]], base: WarmupConfig, out_dir:
         progress.close()
 
 
-def _write_outputs(summaries: list[dict[str, Any]], out_dir: Path, commands: list[str]) -> LabResult:
-    records: dict[str, dict[int, list[dict[str, Any]]]] = {}
-    for s in summaries:
-        spec = RunSpec(s["method"], s["quant"], s["replay"])
-        records.setdefault(s["label"], {})[s["seed"]] = read_metrics(run_dir(out_dir, spec, s["seed"]) /
-                                                                     "metrics.jsonl")
-    aggregate = aggregate_runs(summaries)
-    plots = write_plots(records, out_dir / "plots")
-    report = write_report(summaries, aggregate, plots, out_dir, commands)
-    return LabResult(summaries, aggregate, report, plots, missing_references(aggregate, frontier(aggregate)))
+def _write_outputs(runs: list[CheckedRun], out_dir: Path, commands: list[str]) -> LabResult:
+    """The checked runs as one table (read once, in report order) and the directory's report, summary and plots."""
+    table = RunTable.of(Run(run.summary, run.records, str(out_dir)) for run in runs)
+    written = write_outputs(table, out_dir, commands)
+    comparison = written.comparison
+    return LabResult(table, comparison.aggregated, written.report, written.plots, comparison.missing)
 
 
 def _commands(out_dir: Path, command: str | None = None) -> list[str]:
@@ -203,7 +203,7 @@ def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-onl
     runs.sort(key=lambda r: (order.index(r.spec.label) if r.spec.label in order else len(order), r.spec.label,
                              r.settings.seed))
     with OutLock(out_dir):
-        return _write_outputs([run.summary for run in runs], out_dir, _commands(out_dir) or [command])
+        return _write_outputs(runs, out_dir, _commands(out_dir) or [command])
 
 
 def _previous_order(path: Path) -> list[str]:
@@ -212,26 +212,6 @@ def _previous_order(path: Path) -> list[str]:
         return [str(row["label"]) for row in json.loads(path.read_text())["runs"]]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         return []
-
-
-def summary_table(summaries: list[dict[str, Any]]) -> str:
-    """A plain-text table, one line per run label: seeds, means over seeds of late accuracy (engine), late reward
-    and discrepancy, and how many seeds collapsed."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in summaries:
-        groups.setdefault(row["label"], []).append(row)
-    header = ("run", "seeds", "late acc", "late reward", "discrepancy", "collapsed")
-    lines = [header]
-    for label, rows in groups.items():
-        def mean(key: str, rows: list[dict[str, Any]] = rows) -> str:
-            values = [r[key] for r in rows if r.get(key) is not None]
-            return fmt(sum(values) / len(values)) if values else "-"
-
-        lines.append((label, ",".join(str(r["seed"]) for r in rows), mean("late_acc_engine"), mean("late_reward"),
-                      mean("discrepancy_mean"), f"{sum(r['collapse_step'] is not None for r in rows)}/{len(rows)}"))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
-                               enumerate(zip(line, widths))).rstrip() for line in lines)
 
 
 def default_jobs() -> int:

@@ -1,0 +1,53 @@
+"""What the lab prints: ``mismatch-ctrl lab``'s closing table (one line per run label, means over its seeds) and
+``mismatch-ctrl lab compare``'s tables (pooled differences against GRPO, interactions)."""
+
+from __future__ import annotations
+
+from ...formatting import fmt
+from .pooling import POOLED, InteractionRow, VersusRow
+from .stats import Spread
+from .table import Run, RunTable
+
+
+def summary_table(table: RunTable) -> str:
+    """A plain-text table, one line per run label: seeds, means over seeds of late accuracy (engine), late reward
+    and discrepancy, and how many seeds collapsed."""
+    header = ("run", "seeds", "late acc", "late reward", "discrepancy", "collapsed")
+    lines = [header]
+    for label, runs in table.groups().items():
+        def mean(key: str, runs: list[Run] = runs) -> str:
+            values = [run.value(key) for run in runs if run.value(key) is not None]
+            return fmt(sum(values) / len(values)) if values else "-"
+
+        collapsed = sum(run.value("collapse_step") is not None for run in runs)
+        lines.append((label, ",".join(str(run.seed) for run in runs), mean("late_acc_engine"), mean("late_reward"),
+                      mean("discrepancy_mean"), f"{collapsed}/{len(runs)}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                               enumerate(zip(line, widths))).rstrip() for line in lines)
+
+
+def signed(s: Spread | None) -> str:
+    """``+0.054 [+0.014, +0.095]``; ``(one seed)`` without an interval; ``-`` for nothing."""
+    if s is None:
+        return "-"
+    return f"{s.mean:+.3f} " + (f"[{s.low:+.3f}, {s.high:+.3f}]" if s.low is not None else "(one seed)")
+
+
+def pooled_table(rows: list[VersusRow], metric: str) -> str:
+    """``pooling.pooled_versus`` as a markdown table: run, directory (or pooled), seeds, paired difference, collapses
+    of the run and of GRPO."""
+    lines = [f"{metric}: run - GRPO on the same engine, paired by seed, mean [95% t interval]", "",
+             "| run | GRPO run | directory | seeds | run - GRPO | collapsed (GRPO) |", "|---|---|---|---|---|---|"]
+    lines += [f"| `{r.run}` | `{r.reference}` | {'**pooled**' if r.source == POOLED else r.source} | "
+              f"{r.difference.n} | {signed(r.difference)} | {r.collapsed} ({r.collapsed_reference}) |" for r in rows]
+    return "\n".join(lines)
+
+
+def interaction_table(rows: list[InteractionRow], metric: str, pairs: list[tuple[str, str]]) -> str:
+    """``pooling.interactions`` as a markdown table: run, seeds, gain in A, gain in B, B - A."""
+    names = "; ".join(f"A = {a}, B = {b}" for a, b in pairs)
+    lines = [f"{metric}: gain = run - GRPO on the same engine, paired by seed; {names}", "",
+             "| run | seeds | gain in A | gain in B | B - A (GRPO: the run itself) |", "|---|---|---|---|---|"]
+    lines += [f"| `{r.run}` | {r.n} | {signed(r.gain_a)} | {signed(r.gain_b)} | {signed(r.change)} |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""``mismatch-ctrl lab compare``: runs of several lab output directories read once into one table, each controller
+against GRPO per directory and pooled, and interactions of two settings (``--pairs``), against direct computations
+per seed; and every way a run could count twice, or a pooled interval mix settings, refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from mismatch_ctrl import cli
+from mismatch_ctrl.lab.model.warmup import warmup_preset
+from mismatch_ctrl.lab.results.pooling import POOLED, interactions, pooled_versus
+from mismatch_ctrl.lab.results.table import Run, RunTable
+from mismatch_ctrl.lab.sweeps.sweep import RunTask, commit_run
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.training.settings import LabSettings
+from mismatch_ctrl.lab.training.trainer import RUN_FILE
+
+STEPS = 4
+
+
+def make_runs(out: Path, values: dict[str, dict[int, float]], optimizer_steps: int = 2) -> Path:
+    """Committed run folders as a sweep leaves them: ``values[label][seed]`` is the run's late (= final) engine
+    accuracy; its reward collapses when the value is below 0.1."""
+    for label, by_seed in values.items():
+        spec = RunSpec.parse(label, "e4m3", num_experts=8)
+        for seed, value in by_seed.items():
+            settings = LabSettings(steps=STEPS, seed=seed, optimizer_steps=optimizer_steps)
+            rewards = [0.5, 0.0, 0.0, 0.0] if value < 0.1 else [0.5] * STEPS
+            records = [{"step": i, "reward": r, "seconds": 1.0 + i} for i, r in enumerate(rewards)]
+            records[-1].update(final_eval_acc_engine=value, final_eval_acc_fp32=value, run=f"{label} seed {seed}")
+            files = {"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in records).encode(),
+                     RUN_FILE: json.dumps({"method": spec.method, "quant": spec.quant, "replay": spec.replay,
+                                           "settings": settings.__dict__}).encode()}
+            commit_run(out, RunTask(spec, settings, b""), files, warmup_preset("add", "moe"))
+    return out
+
+
+def compare(capsys, *args: str | Path) -> tuple[int, str, str]:
+    code = cli.main(["lab", "compare", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def interval(values: list[float]) -> str:
+    """mean [95% t interval] as the table prints it, computed directly."""
+    mean, sd = statistics.mean(values), statistics.stdev(values)
+    half = {2: 12.706, 3: 4.303, 4: 3.182}[len(values)] * sd / math.sqrt(len(values))
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def row(out: str, *cells: str) -> str:
+    """The table line holding every one of ``cells``."""
+    return next(line for line in out.splitlines() if all(c in line for c in cells))
+
+
+def test_differences_against_grpo_per_directory_and_pooled(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5, 1: 0.6}, "dcgrpo@e5m2": {0: 0.6, 1: 0.3}})
+    b = make_runs(tmp_path / "b", {"grpo@e5m2": {2: 0.4, 3: 0.05}, "dcgrpo@e5m2": {2: 0.55, 3: 0.02}})
+    code, out, _ = compare(capsys, a, b)
+    assert code == 0
+    diffs = [0.1, -0.3, 0.15, -0.03]
+    assert interval(diffs[:2]) in row(out, str(a)) and interval(diffs[2:]) in row(out, str(b))
+    pooled = row(out, "**pooled**")
+    assert "`dcgrpo@e5m2` | `grpo@e5m2`" in pooled and "| 4 |" in pooled and interval(diffs) in pooled
+    assert pooled.endswith("| 1 (1) |")  # seed 3 collapsed in both runs
+    assert "`grpo@e5m2` | `grpo@e5m2`" not in out
+
+
+def test_pooling_is_a_pure_function_of_the_table():
+    def summary(label: str, seed: int, value: float) -> dict:
+        spec = RunSpec.parse(label, "e4m3", num_experts=8)
+        return {"label": label, "method": spec.method, "quant": spec.quant, "replay": spec.replay, "seed": seed,
+                "settings": {}, "collapse_step": None, "late_acc_engine": value}
+
+    table = RunTable.of([Run(summary("grpo@nvfp4", 0, 0.5), (), "x"), Run(summary("grpo@nvfp4+r3", 0, 0.7), (), "x"),
+                         Run(summary("grpo@nvfp4", 5, 0.4), (), "y"), Run(summary("grpo@nvfp4+r3", 5, 0.3), (), "y")])
+    rows = pooled_versus(table, "late_acc_engine")
+    assert [(r.source, r.difference.n) for r in rows] == [("x", 1), ("y", 1), (POOLED, 2)]
+    assert rows[-1].difference.values == pytest.approx((0.2, -0.1))
+    with pytest.raises(ValueError, match="grpo@nvfp4 seed 0 is in the table twice"):
+        RunTable.of([*table.runs, Run(summary("grpo@nvfp4", 0, 0.1), (), "x")])
+
+
+def test_pairs_give_gains_and_their_difference_paired_by_seed_and_pooled_over_pairs(tmp_path, capsys):
+    k1 = make_runs(tmp_path / "k1", {"grpo@e4m3": {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.9},
+                                     "grpo@e4m3+r3": {0: 0.55, 1: 0.58, 2: 0.8, 4: 0.1}}, optimizer_steps=1)
+    k4 = make_runs(tmp_path / "k4", {"grpo@e4m3": {0: 0.4, 1: 0.5, 2: 0.45},
+                                     "grpo@e4m3+r3": {0: 0.6, 1: 0.52, 2: 0.7, 3: 0.2}}, optimizer_steps=4)
+    code, out, _ = compare(capsys, "--pairs", k1, k4)
+    assert code == 0
+    gain_a, gain_b = [0.05, -0.02, 0.1], [0.2, 0.02, 0.25]  # seeds 0, 1, 2: the only ones all four runs have
+    r3 = row(out, "`grpo@e4m3+r3`")
+    assert "| 3 |" in r3 and interval(gain_a) in r3 and interval(gain_b) in r3
+    assert interval([b - a for a, b in zip(gain_a, gain_b)]) in r3
+    assert interval([-0.1, -0.1, -0.25]) in row(out, "`grpo@e4m3` |")
+    k1b = make_runs(tmp_path / "k1b", {"grpo@e4m3": {7: 0.7}, "grpo@e4m3+r3": {7: 0.8}}, optimizer_steps=1)
+    k4b = make_runs(tmp_path / "k4b", {"grpo@e4m3": {7: 0.3}, "grpo@e4m3+r3": {7: 0.35}}, optimizer_steps=4)
+    code, out, _ = compare(capsys, "--pairs", k1, k4, k1b, k4b)
+    r3 = row(out, "`grpo@e4m3+r3`")
+    assert "| 4 |" in r3 and interval([*gain_a, 0.1]) in r3 and interval([*gain_b, 0.05]) in r3
+    table = RunTable.of(Run(s.summary, (), s.source) for s in [])  # an empty table compares nothing
+    assert interactions(table, [("a", "b")], "late_acc_engine") == []
+
+
+def test_a_directory_given_twice_however_spelled_is_refused(tmp_path, capsys, monkeypatch):
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}})
+    (tmp_path / "link").symlink_to(a)
+    monkeypatch.chdir(tmp_path)
+    for again in (f"{a}/", "./a", tmp_path / "link", tmp_path / "b" / ".." / "a"):
+        code, _, err = compare(capsys, a, again)
+        assert code == 2 and f"is given twice (also as {a})" in err
+
+
+def test_a_copied_directory_or_the_same_run_twice_is_refused(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5, 1: 0.4}, "dcgrpo@e5m2": {0: 0.6, 1: 0.5}})
+    shutil.copytree(a, tmp_path / "copy")
+    code, _, err = compare(capsys, a, tmp_path / "copy")
+    assert code == 2 and "one run copied, which would count twice" in err
+    again = make_runs(tmp_path / "again", {"grpo@e5m2": {1: 0.45}})  # the same run, trained again elsewhere
+    code, _, err = compare(capsys, a, again)
+    assert code == 2 and f"{a} and {again} both hold grpo@e5m2 seed 1 trained with the same settings" in err
+
+
+def test_pooling_directories_of_different_settings_is_refused_but_pairs_compare_them(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}}, optimizer_steps=1)
+    b = make_runs(tmp_path / "b", {"grpo@e5m2": {0: 0.45}, "dcgrpo@e5m2": {0: 0.7}}, optimizer_steps=4)
+    code, _, err = compare(capsys, a, b)
+    assert code == 2 and f"different settings would be pooled ({a} and {b}: optimizer_steps: 1 -> 4)" in err
+    assert "--pairs" in err and "--across-settings" in err
+    assert compare(capsys, "--pairs", a, b)[0] == 0
+    code, out, _ = compare(capsys, "--across-settings", a, b)
+    assert code == 0 and out.rstrip().endswith(f"Pooled across settings: {a} and {b}: optimizer_steps: 1 -> 4")
+    assert "| 2 | +0.175 [" in row(out, "**pooled**")
+    c = make_runs(tmp_path / "c", {"grpo@e5m2": {1: 0.5}, "dcgrpo@e5m2": {1: 0.7}}, optimizer_steps=2)
+    d = make_runs(tmp_path / "d", {"grpo@e5m2": {1: 0.55}, "dcgrpo@e5m2": {1: 0.75}}, optimizer_steps=4)
+    code, _, err = compare(capsys, "--pairs", a, b, c, d)  # the A of the second pair is another setting
+    assert code == 2 and "different settings" in err
+    code, _, err = compare(capsys, "--pairs", a, b, c)
+    assert code == 2 and "in pairs A B, got 3" in err
+
+
+def test_missing_empty_damaged_and_incomparable_directories_are_named(tmp_path, capsys):
+    code, _, err = compare(capsys, tmp_path / "missing")
+    assert code == 2 and f"{tmp_path / 'missing'}: not a directory" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = compare(capsys, tmp_path / "empty")
+    assert code == 2 and "no runs (*/seed*/)" in err
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}})
+    metrics = a / "dcgrpo@e5m2" / "seed0" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace("0.6", "0.9"))
+    code, _, err = compare(capsys, a)
+    assert code == 2 and "a damaged run" in err and "was changed after the run finished" in err
+    alone = make_runs(tmp_path / "alone", {"dcgrpo@e5m2": {0: 0.6}})
+    code, _, err = compare(capsys, alone)
+    assert code == 2 and "nothing to compare: no run has a GRPO run on its engine" in err
