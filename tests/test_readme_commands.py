@@ -39,7 +39,7 @@ from mismatch_ctrl.cli import build_parser, lab_plan, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PLACEHOLDERS = {"DIR", "P", "Q", "LR", "N", "...", "my.yaml", "[--json]", "METHOD", "FILE", "D"}
+PLACEHOLDERS = {"DIR", "DIR...", "P", "Q", "LR", "N", "...", "my.yaml", "[--json]", "METHOD", "FILE", "D"}
 DEMO = ["lab", "--out", "runs/lab"]
 """``make demo``'s own command (the Makefile's ``mismatch-ctrl lab --out $(OUT)``), the one allowed on runs/lab."""
 

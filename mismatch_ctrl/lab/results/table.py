@@ -8,7 +8,7 @@ The table keeps the runs in the order given, which is the order of every table a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +85,7 @@ class RunTable:
     def __len__(self) -> int:
         return len(self.runs)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Run]:
         return iter(self.runs)
 
     def labels(self) -> list[str]:
