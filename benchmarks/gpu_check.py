@@ -9,7 +9,7 @@ Steps, each bounded in time, in this order (a step that fails or runs out of tim
 3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets;
 4. lab throughput: rollouts per second of the small ``moe`` and the 5.3M-parameter ``moe-large`` policy on the CPU
    and on CUDA (``--steps`` rollouts of ``grpo@e4m3`` each, warm-up excluded), and whether ``--device auto``
-   (``lab.trainer.auto_device``) picks the faster device for each;
+   (``lab.training.settings.auto_device``) picks the faster device for each;
 5. the ``moe-large`` warm-up (the ``gpu-moe`` preset's policy): steps to its accuracy target, and a short sweep of
    concurrent runs on the one GPU (``--jobs``) with its rollouts per second.
 
@@ -35,7 +35,7 @@ from mismatch_ctrl.lab.sweeps.options import positive_int
 from mismatch_ctrl.lab.training.settings import auto_device
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the source tree, for lab.trainer.auto_device
+sys.path.insert(0, str(ROOT))  # the source tree, for lab.training.settings.auto_device
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
 
