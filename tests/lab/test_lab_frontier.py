@@ -1,6 +1,7 @@
 """The frontier's paired statistics against a straightforward loop (with the t quantile integrated numerically), its
 edge cases (one seed, missing seeds, one engine, no exact-engine run), and the report and summary carrying them."""
 
+import itertools
 import json
 import math
 import random
@@ -237,13 +238,26 @@ def test_frontier_plot_of_engines_without_measured_mismatch(tmp_path):
 
 
 def test_close_doses_share_one_tick_on_the_top_axis():
-    x = {EXACT: 1e-4, "e4m3": 0.011, "int4": 0.0115, "temp1.3": 0.012, "nvfp4": 0.046}
+    def fits(ticks, rows, left=-4.5, right=-1.0, char=0.01):  # a label's width: char x its length (log axis)
+        def span(at, name):
+            where = (math.log10(at) - left) / (right - left) if at > 0 else 0.0
+            return where - char * len(name) / 2, where + char * len(name) / 2
+        return all(a[1] < b[0] for row in range(rows) for a, b in itertools.pairwise(
+            [span(*tick) for tick in ticks[row::rows]]))
+
+    x = {EXACT: 1e-4, "e4m3": 0.011, "int4": 0.0111, "temp1.3": 0.0112, "nvfp4": 0.046}
     names = {dose: dose.upper() for dose in x}
-    ticks = dose_ticks(x, names)
-    joined = (0.011 * 0.0115 * 0.012) ** (1 / 3)
-    assert [name for _, name in ticks] == ["NONE", "E4M3 / INT4 / TEMP1.3", "NVFP4"]
+    ticks, rows = dose_ticks(x, names, fits)  # within 2% of the range: one point to the eye, one tick
+    joined = (0.011 * 0.0111 * 0.0112) ** (1 / 3)
+    assert [name for _, name in ticks] == ["NONE", "E4M3 / INT4 / TEMP1.3", "NVFP4"] and rows == 1
     assert [at for at, _ in ticks] == pytest.approx([1e-4, joined, 0.046])
     apart = {"e4m3": 0.01, "e5m2": 0.03, "nvfp4": 0.1}
-    assert dose_ticks(apart, {d: d for d in apart}) == [(0.01, "e4m3"), (0.03, "e5m2"), (0.1, "nvfp4")]
-    linear = {"a": 0.0, "b": 0.0}  # a degenerate lab: every engine at 0, a linear axis
-    assert dose_ticks(linear, {d: d for d in linear}) == [(0.0, "a"), (0.0, "b")]
+    assert dose_ticks(apart, {d: d for d in apart}, fits) == ([(0.01, "e4m3"), (0.03, "e5m2"), (0.1, "nvfp4")], 1)
+    near = {EXACT: 1e-4, "bf16": 0.01, "e4m3": 0.013, "e5m2": 0.017, "nvfp4": 0.1}  # near, not equal: two rows
+    assert dose_ticks(near, {d: d for d in near}, fits) == ([(x, d) for d, x in near.items()], 2)
+    crowded = {"a": 0.01, "b": 0.0102, "c": 0.0115, "d": 0.0117, "e": 0.1}  # too many to stagger: closest join
+    ticks, rows = dose_ticks(crowded, {d: d * 8 for d in crowded}, fits, span=0.0)
+    assert [name for _, name in ticks] == ["a" * 8 + " / " + "b" * 8, "c" * 8 + " / " + "d" * 8, "e" * 8]
+    assert rows == 2
+    linear = {"a": 0.0, "b": 0.0}  # a degenerate lab: every engine at 0, a linear axis: one tick, both names
+    assert dose_ticks(linear, {d: d for d in linear}, fits) == ([(0.0, "a / b")], 1)

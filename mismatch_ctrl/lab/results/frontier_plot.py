@@ -1,13 +1,19 @@
-"""``plots/frontier.png``: the frontier (``frontier.frontier``) drawn against the engines' measured mismatch."""
+"""``plots/frontier.png``: the frontier (``frontier.frontier``) drawn against the engines' measured mismatch. Every
+point sits exactly at its engine's x; lines are told apart by their style (``style.line_style``), and the engines'
+names on the top axis alternate between two rows, or nearly equal ones share a tick, where they would overprint
+(``dose_ticks``), measured on the rendered figure."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .frontier import EXACT, GAPS
 from .stats import Spread
+from .style import LINE_NOTE, line_style, new_figure, order_key
 
 
 def x_positions(doses: dict[str, Spread]) -> tuple[dict[str, float], bool]:
@@ -22,68 +28,110 @@ def x_positions(doses: dict[str, Spread]) -> tuple[dict[str, float], bool]:
     return {dose: min(others) / 10 if dose in low else v for dose, v in x.items()}, True
 
 
-def dose_ticks(x: dict[str, float], names: dict[str, str], span: float = 0.05) -> list[tuple[float, str]]:
-    """The top axis's ticks: doses whose log-x lies within ``span`` of the axis's log width of the previous one are
-    one tick at their geometric mean, named ``a / b``, so close doses (e.g. e4m3, int4 and temp1.3 at the same
-    ``C_bar``) never print over each other. ``names`` is each dose's label; a linear axis (an x <= 0) is not joined."""
-    order = sorted(x, key=x.get)
-    if not order or min(x.values()) <= 0:
-        return [(x[dose], names[dose]) for dose in order]
-    logs = {dose: math.log10(x[dose]) for dose in order}
-    width = max(logs[order[-1]] - logs[order[0]], 1e-12)
-    groups = [[order[0]]]
-    for dose in order[1:]:
-        if (logs[dose] - logs[groups[-1][-1]]) / width < span:
+ROWS = 2
+"""Rows of engine names on the top axis: neighbours alternate between them where one row would overprint."""
+
+
+def dose_ticks(x: dict[str, float], names: dict[str, str], fits: Callable[[list[tuple[float, str]], int], bool],
+               span: float = 0.02) -> tuple[list[tuple[float, str]], int]:
+    """The top axis's ticks in x order, and on how many rows their labels alternate. Doses within ``span`` of the
+    x range (log x on a log axis) of the previous one are one tick at their mean x (geometric on a log axis,
+    arithmetic on a linear one: an x <= 0), named ``a / b``: to the eye they are one point. The ticks go on one row
+    if ``fits(ticks, 1)``, else on up to :data:`ROWS` rows (tick ``i`` on row ``i % rows``) if that fits; else the two
+    neighbouring ticks closest in x become one, and so on until the labels fit. So engines at nearly the same
+    ``C_bar`` (e4m3, int4 and temp1.3) share a tick, engines near each other keep their own on alternate rows, and no
+    name prints over another."""
+    order = sorted(x, key=lambda dose: (x[dose], dose))
+    log = bool(order) and min(x.values()) > 0
+    where = {dose: math.log10(x[dose]) if log else x[dose] for dose in order}
+
+    def at(group: list[str]) -> float:
+        mean = sum(where[dose] for dose in group) / len(group)
+        return x[group[0]] if len(group) == 1 else 10 ** mean if log else mean
+
+    width = max(where[order[-1]] - where[order[0]], 1e-12) if order else 1.0
+    groups: list[list[str]] = []
+    for dose in order:
+        if groups and (where[dose] - where[groups[-1][-1]]) / width < span:
             groups[-1].append(dose)
         else:
             groups.append([dose])
-    return [(x[group[0]] if len(group) == 1 else 10 ** (sum(logs[d] for d in group) / len(group)),
-             " / ".join(names[d] for d in group)) for group in groups]
+    while True:
+        ticks = [(at(group), " / ".join(names[dose] for dose in group)) for group in groups]
+        rows = next((rows for rows in range(1, ROWS + 1) if fits(ticks, rows)), None)
+        if rows is not None or len(groups) < 2:
+            return ticks, rows or 1
+        centres = [sum(where[dose] for dose in group) / len(group) for group in groups]
+        steps = [b - a for a, b in zip(centres, centres[1:])]
+        i = steps.index(min(steps))
+        groups[i:i + 2] = [groups[i] + groups[i + 1]]
 
 
-def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
-    """``frontier.png``: per ``GAPS`` quantity the paired gap against the exact engine (mean, 95% t interval as an
-    error bar) against the dose's measured mismatch on a log axis, one line per method, and the collapse rate; the
-    top axis names the doses. Returns ``path``."""
-    import matplotlib
+def label_rows(fig: Any, axes: list[Any], pad: float = 4.0) -> Callable[[list[tuple[float, str]], int], bool]:
+    """``dose_ticks``'s test on a figure: gives every axes of ``axes`` :data:`ROWS` top axes, one per row of names
+    (each row above the tallest label of the rows below), and returns the test: put tick ``i`` on row ``i % rows``,
+    lay the figure out, draw it and say whether no two labels come within ``pad`` pixels of each other."""
+    tops = [[ax.secondary_xaxis("top") for _ in range(ROWS)] for ax in axes]
+    for top in (top for row in tops for top in row):
+        top.minorticks_off()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def fits(ticks: list[tuple[float, str]], rows: int) -> bool:
+        shown = [ticks[row::rows] if row < rows else [] for row in range(ROWS)]
+        if any(len({at for at, _ in row}) < len(row) for row in shown):
+            return False  # two ticks at one x on one row (a degenerate lab: every engine at 0) overprint
+        above = 3.5  # points: matplotlib's default tick label pad
+        for row, row_ticks in enumerate(shown):
+            for axis in tops:
+                axis[row].set_xticks([at for at, _ in row_ticks], [name for _, name in row_ticks], fontsize=8)
+                axis[row].tick_params(axis="x", pad=above)
+            above += max((name.count("\n") + 1 for _, name in row_ticks), default=0) * 8 * 1.25 + 4
+        fig.tight_layout()
+        fig.canvas.draw()
+        for axis in tops:
+            boxes = [label.get_window_extent().padded(pad / 2) for top in axis for label in top.get_xticklabels()
+                     if label.get_visible() and label.get_text()]
+            if any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2)):
+                return False
+        return True
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    return fits
+
+
+def frontier_figure(found: dict[str, Any]) -> Any:
+    """The frontier's figure: per ``GAPS`` quantity the paired gap against the exact engine (mean, 95% t interval as
+    an error bar) against the dose's measured mismatch on a log axis, one line per method (``style.line_style``) with
+    every point at its dose's x, and the collapse rate; the top axis names the doses."""
     x, broken = x_positions(found["doses"])
-    lines = list(dict.fromkeys(p["line"] for p in found["points"]))
-    offset = {line: 1.12 ** (i - (len(lines) - 1) / 2) for i, line in enumerate(lines)}  # keeps error bars apart
-    fig, axes = plt.subplots(1, len(GAPS) + 1, figsize=(5.2 * (len(GAPS) + 1) + 2.2, 4.6), sharex=True)
+    lines = sorted({p["line"] for p in found["points"]}, key=order_key)
+    fig = new_figure(100, figsize=(5.2 * (len(GAPS) + 1) + 2.2, 4.6))
+    axes = fig.subplots(1, len(GAPS) + 1, sharex=True)
     references = sorted({p["reference"] for p in found["points"] if p["reference"]})
     exact = [dose for dose in x if dose == EXACT]
     for ax, (key, name) in zip(axes, GAPS):
         ax.axhline(0.0, color="0.3", lw=1, ls="--")
         if exact and references:
             ax.plot([x[EXACT]], [0.0], marker="D", ms=7, color="k", ls="none", label="exact engine (reference)")
-        for i, line in enumerate(lines):
+        for line in lines:
             pts = [p for p in found["points"] if p["line"] == line and p["gaps"][key] is not None]
             if not pts:
                 continue
-            xs = [x[p["dose"]] * offset[line] for p in pts]
             gaps = [p["gaps"][key] for p in pts]
-            means = [g.mean for g in gaps]
             err = [[g.mean - g.low if g.low is not None else 0.0 for g in gaps],
                    [g.high - g.mean if g.high is not None else 0.0 for g in gaps]]
-            ax.errorbar(xs, means, yerr=err, color=f"C{i % 10}", marker="o", ms=5, lw=1.5, capsize=3, label=line)
+            drawn = ax.errorbar([x[p["dose"]] for p in pts], [g.mean for g in gaps], yerr=err, elinewidth=4,
+                                capsize=6, capthick=1.4, label=line, **line_style(line))
+            for bars in drawn[2]:  # wide translucent bars: overlapping intervals stay readable at the same x
+                bars.set_alpha(0.3)
         ax.set_title(f"{name}: run - exact engine, paired per seed", fontsize=9)
         ax.set_ylabel(f"{name} gap")
     ax = axes[-1]
-    for i, line in enumerate(lines):
+    for line in lines:
         pts = [p for p in found["points"] if p["line"] == line]
-        ax.plot([x[p["dose"]] * offset[line] for p in pts], [p["collapse_rate"] for p in pts], color=f"C{i % 10}",
-                marker="s", ms=5, lw=1.5, label=line)
+        ax.plot([x[p["dose"]] for p in pts], [p["collapse_rate"] for p in pts], label=line, **line_style(line))
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("share of seeds that collapsed", fontsize=9)
     ax.set_ylabel("collapse rate")
     seeds = sorted({p["seeds"] for p in found["points"]})
-    ticks = dose_ticks(x, {dose: f"{dose}\n({found['doses'][dose].mean:.1e})"
-                           if broken and x[dose] != found["doses"][dose].mean else dose for dose in x})
     log = min(x.values()) > 0  # every engine measured at 0 (a degenerate lab): a linear axis
     for ax in axes:
         ax.set_xscale("log" if log else "linear")
@@ -93,16 +141,22 @@ def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
             ax.set_xlim(min(x.values()) / 2, max(x.values()) * 2)
             ax.text(min(x.values()) * 2.2, 0.0, "//", transform=ax.get_xaxis_transform(), ha="center",
                     va="center", fontsize=12, clip_on=False, bbox={"color": "white", "pad": 0})
-        top = ax.secondary_xaxis("top")
-        top.set_xticks([at for at, _ in ticks], [name for _, name in ticks], fontsize=8, rotation=30, ha="left")
-        top.minorticks_off()
     exact_handles = [h for h, label in zip(*axes[0].get_legend_handles_labels()) if label.startswith("exact")]
     handles, labels = axes[-1].get_legend_handles_labels()
     axes[-1].legend(exact_handles + handles, ["exact engine (reference)"][:len(exact_handles)] + labels,
-                    loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9,
+                    loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9, alignment="left",
                     title=f"mean, bar: 95% t interval\nseeds per run: {'/'.join(map(str, seeds))}\n"
-                          f"reference: {', '.join(references) or 'none run'}", title_fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+                          f"reference: {', '.join(references) or 'none run'}\n"
+                          f"{LINE_NOTE}", title_fontsize=8)
+    names = {dose: f"{dose}\n({found['doses'][dose].mean:.1e})" if broken and x[dose] != found["doses"][dose].mean
+             else dose for dose in x}
+    dose_ticks(x, names, label_rows(fig, list(axes)))
+    return fig
+
+
+def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
+    """``frontier.png``: the figure of :func:`frontier_figure`. Returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = frontier_figure(found)
+    fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
     return path

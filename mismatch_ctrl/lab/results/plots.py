@@ -2,7 +2,9 @@
 average) with the raw mean faint; the min-max band over seeds where it does not hide other runs (two runs at most),
 else one small panel per run (``*_by_run.png``); flipped and unflipped discrepancy on one panel; no plot for a
 setting or counter that is the same constant in every run (a flat learning rate, no rejections); legends outside the
-data; log axes span the exact engine too."""
+data; log axes span the exact engine too. Every run is drawn in its own style (``style.run_style``: colour per
+method, line style per engine, hollow markers for ``+r3``), the same whichever runs a plot shows; runs are drawn and
+listed in the caller's order of ``runs``. ``render`` makes the figures, ``write_plots`` saves them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...smoothing import moving_average
+from .style import LEGEND_NOTE, new_figure, run_style
 
 Runs = dict[str, dict[int, list[dict[str, Any]]]]
 """label -> seed -> the run's per-rollout records."""
@@ -42,7 +45,7 @@ PLOTS = (
     Plot("reward", "reward", "training reward", 10, optional=False),
     Plot("eval_accuracy", "eval_acc_engine", "held-out greedy accuracy of the rollout engine (deployed)",
          optional=False),
-    Plot("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (dotted: DC-GRPO eps)", 5,
+    Plot("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (wide faint: DC-GRPO eps)", 5,
          log=True, optional=False),
     Plot("routing_flip_fraction", "routing_flip_fraction", "share of response tokens whose expert set flipped", 5),
     Plot("lambda", "lambda", "DC-GRPO multiplier lambda", keep=lambda first: DCGRPO_KEY in first),
@@ -113,10 +116,6 @@ def curves_of(runs: Runs, key: str, window: int, keep: Callable[[dict[str, Any]]
     return out
 
 
-def _style(index: int) -> dict[str, Any]:
-    return {"color": f"C{index % 10}", "lw": 1.6}
-
-
 def far_below(curves: list[tuple[str, Curve, Curve]]) -> set[str]:
     """Runs whose curve lies entirely more than two decades below every other run's (the exact engine's discrepancy,
     ~1e-7 against ~1e-2): a log panel shows them on a separate strip below a break."""
@@ -132,8 +131,8 @@ def far_below(curves: list[tuple[str, Curve, Curve]]) -> set[str]:
 
 def _draw(ax: Any, plot: Plot, curves: list[tuple[str, Curve, Curve]], styles: dict[str, dict[str, Any]],
           eps: dict[str, Curve]) -> None:
-    """One quantity on one axis: smoothed means, raw means faint, bands only for few runs, eps dotted; on a log axis,
-    runs far below the others (``far_below``) on a strip under a break."""
+    """One quantity on one axis: smoothed means, raw means faint, bands only for few runs, eps as a wide faint line;
+    on a log axis, runs far below the others (``far_below``) on a strip under a break."""
     same = twins([(label, smooth) for label, smooth, _ in curves])
     low_runs = far_below(curves) if plot.log else set()
     strip = None
@@ -153,7 +152,7 @@ def _draw(ax: Any, plot: Plot, curves: list[tuple[str, Curve, Curve]], styles: d
         if len(curves) <= MAX_BANDS and low != high:
             target.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
         if label in eps and eps[label][0]:
-            target.plot(eps[label][0], eps[label][1], color=color, ls=":", lw=1.4, zorder=5)
+            target.plot(eps[label][0], eps[label][1], color=color, lw=5, alpha=0.25, solid_capstyle="butt")
     smoothed = f" ({plot.window}-rollout moving average; faint: raw)" if plot.window > 1 else ""
     ax.set_title(plot.title + smoothed, fontsize=9)
     _finish(ax, plot.log)
@@ -178,8 +177,8 @@ def _finish(ax: Any, log: bool) -> None:
 
 def _draw_split(ax: Any, curves: dict[str, list[tuple[str, Curve, Curve]]], styles: dict[str, dict[str, Any]]
                 ) -> None:
-    """Flipped (solid) and unflipped (dashed) discrepancy of each run with routing flips on one log panel; the
-    legend gives their ratio."""
+    """Flipped (bold) and unflipped (thin) discrepancy of each run with routing flips on one log panel; the legend
+    gives their ratio."""
     unflipped = {label: smooth for label, smooth, _ in curves[SPLIT[1]]}
     for label, (x, mean, _, _), _ in curves[SPLIT[0]]:
         other = unflipped.get(label)
@@ -187,22 +186,18 @@ def _draw_split(ax: Any, curves: dict[str, list[tuple[str, Curve, Curve]]], styl
                  else "")
         ax.plot(x, mean, label=f"{label}{ratio}", **styles[label])
         if other:
-            ax.plot(other[0], other[1], color=styles[label]["color"], lw=1.2, ls="--")
-    ax.set_title("mean |p_train - p_rollout| of tokens whose routing flipped (solid) / did not (dashed); "
+            ax.plot(other[0], other[1], **{**styles[label], "lw": 0.8, "alpha": 0.7})
+    ax.set_title("mean |p_train - p_rollout| of tokens whose routing flipped (bold) / did not (thin); "
                  "5-rollout m.a.", fontsize=9)
     _finish(ax, True)
 
 
-def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
-    """One PNG per informative quantity of :data:`PLOTS`, the flipped/unflipped panel, per-run panels where bands
-    would overlap, and ``overview.png`` (first in the list)."""
-    import matplotlib
+def render(runs: Runs) -> list[tuple[str, Any]]:
+    """(file stem, figure) of every plot: ``overview`` first, then one per informative quantity of :data:`PLOTS`, the
+    flipped/unflipped panel and per-run panels where bands would overlap."""
+    from matplotlib.lines import Line2D
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    styles = {label: _style(i) for i, label in enumerate(runs)}
+    styles = {label: run_style(label) for label in runs}
     specs = {plot.name: plot for plot in PLOTS}
     drawn = {plot.name: curves_of(runs, plot.key, plot.window, plot.keep) for plot in PLOTS}
     drawn = {name: c for name, c in drawn.items()
@@ -217,61 +212,71 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
             _draw(ax, specs[name], drawn[name], styles, eps if name == "discrepancy" else {})
 
     names = list(drawn) + ([SPLIT_NAME] if split[SPLIT[0]] else [])
-    written = []
+    order = {label: i for i, label in enumerate(runs)}  # legends list runs in the caller's order (strips too)
+    figures = []
     for name in names:
-        fig, ax = plt.subplots(figsize=(9, 4.5))
+        fig = new_figure(110, figsize=(9, 4.5))
+        ax = fig.subplots()
         draw(ax, name)
         found = {label: h for axis in fig.axes for h, label in zip(*axis.get_legend_handles_labels())}
+        found = {text: found[text] for text in sorted(found, key=lambda text: order[text.split(" ")[0].rstrip(",")])}
         ax.legend(list(found.values()), list(found), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  frameon=False, title_fontsize=8, title="run, flipped / unflipped" if name == SPLIT_NAME else None)
-        written.append(_save(plt, fig, out_dir / f"{name}.png", dpi=110))
+                  frameon=False, title_fontsize=8, alignment="left",
+                  title=("run, flipped / unflipped\n" if name == SPLIT_NAME else "") + LEGEND_NOTE)
+        figures.append((name, fig))
     several = any(len(seeds) > 1 for seeds in runs.values())
     if several and len(runs) > MAX_BANDS:
-        written += [_per_run_plot(plt, runs, styles, specs[name], out_dir) for name in BY_RUN if name in drawn]
+        figures += [(f"{name}_by_run", _per_run_figure(runs, styles, specs[name])) for name in BY_RUN if name in drawn]
     panels = [name for name in OVERVIEW if name in names]
     if not panels:
-        return written
+        return figures
     rows = (len(panels) + 2) // 2
-    overview, axes = plt.subplots(rows, 2, figsize=(14, 4 * rows), squeeze=False)
+    overview = new_figure(90, figsize=(14, 4 * rows))
+    axes = overview.subplots(rows, 2, squeeze=False)
     for name, ax in zip(panels, axes.flat):
         draw(ax, name)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], **styles[label]) for label in runs]
-    axes.flat[-1].legend(handles, list(runs), loc="center", fontsize=11, frameon=False,
-                         title="mean over seeds" + (f"; band: min-max (<= {MAX_BANDS} runs)" if several else
-                                                    " (one seed)"))
+    handles = [Line2D([], [], **styles[label]) for label in runs]
+    title = "mean over seeds" + (f"; band: min-max (<= {MAX_BANDS} runs)" if several else " (one seed)")
+    axes.flat[-1].legend(handles, list(runs), loc="center", fontsize=11, frameon=False, title_fontsize=10,
+                         alignment="left", title=f"{title}\n{LEGEND_NOTE}")
     overview.tight_layout()
-    return [_save(plt, overview, out_dir / "overview.png", dpi=90), *written]
+    return [("overview", overview), *figures]
 
 
-def _save(plt: Any, fig: Any, path: Path, dpi: int) -> Path:
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    return path
+def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
+    """Every figure of :func:`render` as ``<out_dir>/<name>.png``, ``overview.png`` first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in render(runs):
+        fig.savefig(out_dir / f"{name}.png", dpi=fig.dpi, bbox_inches="tight")
+        written.append(out_dir / f"{name}.png")
+    return written
 
 
-def _per_run_plot(plt: Any, runs: Runs, styles: dict[str, dict[str, Any]], plot: Plot, out_dir: Path) -> Path:
-    """``<name>_by_run.png``: one small panel per run with each seed (thin grey), their mean (bold) and, dashed, the
-    mean of the GRPO run on the same engine (``grpo@<engine>``) for comparison."""
+def _per_run_figure(runs: Runs, styles: dict[str, dict[str, Any]], plot: Plot) -> Any:
+    """``<name>_by_run``: one small panel per run with each seed (thin grey), their mean (bold, in the run's style)
+    and, thin in its own style, the mean of the GRPO run on the same engine (``grpo@<engine>``) for comparison."""
     columns = min(4, len(runs))
     rows = -(-len(runs) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False, sharex=True,
-                             sharey=True)
+    fig = new_figure(90, figsize=(3.6 * columns, 2.8 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False, sharex=True, sharey=True)
     means = {label: band([_series(records, plot.key, plot.window) for records in seeds.values()])
              for label, seeds in runs.items()}
     for ax, (label, seeds) in zip(axes.flat, runs.items()):
         for records in seeds.values():
-            ax.plot(*_series(records, plot.key, plot.window), color="0.65", lw=0.8)
+            ax.plot(*_series(records, plot.key, plot.window), color="0.7", lw=0.8)
         base = "grpo@" + label.partition("@")[2].removesuffix("+r3")
-        if base != label and base in means:
-            ax.plot(means[base][0], means[base][1], color="k", lw=1.0, ls="--")
-        ax.plot(means[label][0], means[label][1], color=styles[label]["color"], lw=2)
-        ax.set_title(label + (f" (dashed: {base})" if base != label and base in means else ""), fontsize=8)
+        compared = base != label and base in means
+        if compared:
+            ax.plot(means[base][0], means[base][1], **{**styles[base], "lw": 1.0})
+        ax.plot(means[label][0], means[label][1], **{**styles[label], "lw": 2.2})
+        ax.set_title(label + (f" (thin: {base})" if compared else ""), fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(runs):]:
         ax.axis("off")
     smoothed = f", {plot.window}-rollout moving average" if plot.window > 1 else ""
     fig.suptitle(f"{plot.title}{smoothed}: each seed (grey) and the mean", fontsize=10)
     fig.tight_layout()
-    return _save(plt, fig, out_dir / f"{plot.name}_by_run.png", dpi=90)
+    return fig
