@@ -102,7 +102,7 @@ def _lab(ns: argparse.Namespace) -> int:
             return 2
         except OSError as exc:
             return _unwritable(exc, ns.out, "free space or make --out writable")
-        print(f"{summary_table(result.table)}\n\nreport: {result.report}")
+        print(f"{summary_table(result.table)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
         _not_compared(result.missing)
         return 0
     try:
@@ -133,8 +133,19 @@ def _lab_compare(ns: argparse.Namespace) -> int:
     from .lab.results.console import interaction_table, pooled_table
     from .lab.results.pooling import interactions, pooled_versus
     from .lab.sweeps.compare import read_directories, setting_differences
+    from .lab.sweeps.options import LAB_DEFAULTS
     from .lab.sweeps.sweep import SweepError
 
+    given = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS, "ray_address", "cache_dir")
+             if getattr(ns, name, None) is not None]
+    given += [flag for flag, default in (("--out", "runs/lab"), ("--device", "auto"), ("--jobs", ns.lab_jobs_default),
+                                         ("--dump-details", False), ("--report-only", False))
+              if getattr(ns, flag[2:].replace("-", "_")) != default]
+    if given:
+        what = "options" if len(given) > 1 else "an option"
+        print(f"mismatch-ctrl lab compare: {', '.join(given)}: {what} of `mismatch-ctrl lab` (training), which compare "
+              "would ignore; give compare only its own options (`mismatch-ctrl lab compare --help`)", file=sys.stderr)
+        return 2
     dirs = ns.directories
     if ns.pairs and len(dirs) % 2:
         print(f"mismatch-ctrl lab compare: --pairs takes directories in pairs A B, got {len(dirs)}", file=sys.stderr)
@@ -157,9 +168,10 @@ def _lab_compare(ns: argparse.Namespace) -> int:
         text = interaction_table(rows, ns.metric, pairs) if rows else None
         why = "no run is in both directories of a pair with seeds in both (and, but for GRPO, its grpo@<engine>)"
     else:
-        rows = pooled_versus(table, ns.metric)
-        text = pooled_table(rows, ns.metric) if rows else None
-        why = "no run has a GRPO run on its engine (grpo@<engine>) with a seed in common"
+        rows = pooled_versus(table, ns.metric, ns.against)
+        text = pooled_table(rows, ns.metric, ns.against) if rows else None
+        why = ("no run has a GRPO run on its engine (grpo@<engine>) with a seed in common" if ns.against == "grpo" else
+               "no run has an exact-engine run (grpo@none or its own @none) with a seed in common")
     if text is None:
         print(f"mismatch-ctrl lab compare: nothing to compare: {why}", file=sys.stderr)
         return 2
@@ -343,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"samples per prompt, 2 to {options.MAX_SAMPLES} (default: {d['samples']})")
     lab.add_argument("--eval-every", type=options.positive_int,
                      help=f"rollouts between held-out evaluations (default: {d['eval_every']})")
+    lab.set_defaults(lab_jobs_default=default_jobs())
     lab.add_argument("--jobs", type=options.positive_int, default=default_jobs(),
                      help="runs trained in parallel on this machine, one thread each (default: the number of CPU "
                           "cores; ignored with --ray-address)")
@@ -374,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lab output directories (the --out of mismatch-ctrl lab)")
     compare.add_argument("--metric", default="late_acc_engine", choices=[key for key, _ in VERSUS],
                          help="the per-run number compared (default: late_acc_engine)")
+    compare.add_argument("--against", choices=("grpo", "exact"), default="grpo",
+                         help="the reference of each run: grpo (GRPO on the same engine, grpo@<engine>: what a "
+                              "controller adds) or exact (grpo@none, else the run's own @none: what the engine's "
+                              "mismatch costs, as the frontier) (default: grpo; --pairs always uses grpo)")
     compare.add_argument("--pairs", action="store_true",
                          help="directories in pairs A B (A: the reference setting, B: one setting changed): gains in "
                               "A and B and their difference per run")

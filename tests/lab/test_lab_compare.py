@@ -68,7 +68,7 @@ def test_differences_against_grpo_per_directory_and_pooled(tmp_path, capsys):
     assert interval(diffs[:2]) in row(out, str(a)) and interval(diffs[2:]) in row(out, str(b))
     pooled = row(out, "**pooled**")
     assert "`dcgrpo@e5m2` | `grpo@e5m2`" in pooled and "| 4 |" in pooled and interval(diffs) in pooled
-    assert pooled.endswith("| 1 (1) |")  # seed 3 collapsed in both runs
+    assert pooled.endswith("| 1/4, 1/4 |")  # seed 3 collapsed in both runs
     assert "`grpo@e5m2` | `grpo@e5m2`" not in out
 
 
@@ -112,9 +112,11 @@ def test_a_directory_given_twice_however_spelled_is_refused(tmp_path, capsys, mo
     a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}})
     (tmp_path / "link").symlink_to(a)
     monkeypatch.chdir(tmp_path)
-    for again in (f"{a}/", "./a", tmp_path / "link", tmp_path / "b" / ".." / "a"):
+    for again in ("./a", tmp_path / "link", tmp_path / "b" / ".." / "a"):
         code, _, err = compare(capsys, a, again)
-        assert code == 2 and f"is given twice (also as {a})" in err
+        assert code == 2 and f"is given twice (also as {a}); its seeds would count twice" in err
+    code, _, err = compare(capsys, a, f"{a}/")
+    assert code == 2 and f"{a} is given twice; its seeds would count twice" in err
 
 
 def test_a_copied_directory_or_the_same_run_twice_is_refused(tmp_path, capsys):
@@ -136,7 +138,8 @@ def test_pooling_directories_of_different_settings_is_refused_but_pairs_compare_
     assert compare(capsys, "--pairs", a, b)[0] == 0
     code, out, _ = compare(capsys, "--across-settings", a, b)
     assert code == 0 and out.rstrip().endswith(f"Pooled across settings: {a} and {b}: optimizer_steps: 1 -> 4")
-    assert "| 2 | +0.175 [" in row(out, "**pooled**")
+    pooled = row(out, "**pooled**")  # seed 0 in both: one value, the mean of +0.1 and +0.25, not two
+    assert "(1 of its seeds measured in several directories: each seed's mean) | 1 | +0.175 (one seed) |" in pooled
     c = make_runs(tmp_path / "c", {"grpo@e5m2": {1: 0.5}, "dcgrpo@e5m2": {1: 0.7}}, optimizer_steps=2)
     d = make_runs(tmp_path / "d", {"grpo@e5m2": {1: 0.55}, "dcgrpo@e5m2": {1: 0.75}}, optimizer_steps=4)
     code, _, err = compare(capsys, "--pairs", a, b, c, d)  # the A of the second pair is another setting
@@ -159,3 +162,33 @@ def test_missing_empty_damaged_and_incomparable_directories_are_named(tmp_path, 
     alone = make_runs(tmp_path / "alone", {"dcgrpo@e5m2": {0: 0.6}})
     code, _, err = compare(capsys, alone)
     assert code == 2 and "nothing to compare: no run has a GRPO run on its engine" in err
+
+
+def test_a_seed_in_several_directories_counts_once_as_the_mean_of_its_differences(tmp_path, capsys):
+    moe = make_runs(tmp_path / "moe", {"grpo@e5m2": {0: 0.5, 1: 0.6, 2: 0.4}, "dcgrpo@e5m2": {0: 0.4, 1: 0.5, 2: 0.5}})
+    k4 = make_runs(tmp_path / "k4", {"grpo@e5m2": {1: 0.3, 2: 0.45, 3: 0.2}, "dcgrpo@e5m2": {1: 0.4, 2: 0.3, 3: 0.3}},
+                   optimizer_steps=4)
+    code, out, _ = compare(capsys, "--across-settings", moe, k4)
+    per_seed = [-0.1, (-0.1 + 0.1) / 2, (0.1 - 0.15) / 2, 0.1]  # seeds 0-3; 1 and 2 in both directories
+    pooled = row(out, "**pooled**")
+    assert code == 0 and "(2 of its seeds" in pooled and "| 4 |" in pooled and interval(per_seed) in pooled
+
+
+def test_against_the_exact_engine_gives_the_engines_cost(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@none": {0: 0.7, 1: 0.8}, "grpo@nvfp4": {0: 0.5, 1: 0.55},
+                                   "grpo@nvfp4+r3": {0: 0.6, 1: 0.7}})
+    b = make_runs(tmp_path / "b", {"grpo@none": {2: 0.6}, "grpo@nvfp4": {2: 0.45}})
+    code, out, _ = compare(capsys, "--against", "exact", a, b)
+    assert code == 0 and "run - the exact engine" in out
+    assert interval([-0.2, -0.25, -0.15]) in row(out, "`grpo@nvfp4` | `grpo@none` | **pooled**")
+    assert "+r3` | `grpo@none` | **pooled**" not in out  # measured in one directory: nothing pooled
+    assert "| 2 | -0.100 [-0.100, -0.100] | 0/2, 0/2 |" in row(out, "`grpo@nvfp4+r3` | `grpo@none` |")
+    code, out, _ = compare(capsys, a, b)  # against GRPO: only R3 has a reference, in one directory
+    assert code == 0 and "**pooled**" not in out and "`grpo@nvfp4+r3` | `grpo@nvfp4`" in out
+
+
+def test_options_of_the_lab_before_compare_are_refused(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}})
+    code = cli.main(["lab", "--out", str(tmp_path / "x"), "--steps", "5", "compare", str(a)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--steps, --out: options of `mismatch-ctrl lab`" in err

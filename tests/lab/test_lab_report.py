@@ -59,6 +59,8 @@ def test_aggregate_runs_per_label_and_paired_differences():
     assert aggregate([{"x": None}, {"x": 1.0}], ["x", "y"])["x"].n == 1
     assert paired({0: 1.0, 1: 2.0}, {1: 0.5, 2: 9.0}).values == (1.5,) and paired({0: 1.0}, {1: 1.0}) is None
     assert sign(spread([0.1, 0.2, 0.15])) == 1 and sign(spread([0.3])) == 0
+    # a zero-width interval (two seeds with one difference by chance) claims nothing
+    assert sign(spread([-0.074, -0.074])) == 0 and sign(spread([-0.07, -0.074])) == -1
 
 
 def test_series_band_and_twins():

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ...formatting import fmt
-from .pooling import POOLED, InteractionRow, VersusRow
+from .pooling import AGAINST, POOLED, InteractionRow, VersusRow
 from .stats import Spread
 from .table import Run, RunTable
 
@@ -34,13 +34,18 @@ def signed(s: Spread | None) -> str:
     return f"{s.mean:+.3f} " + (f"[{s.low:+.3f}, {s.high:+.3f}]" if s.low is not None else "(one seed)")
 
 
-def pooled_table(rows: list[VersusRow], metric: str) -> str:
-    """``pooling.pooled_versus`` as a markdown table: run, directory (or pooled), seeds, paired difference, collapses
-    of the run and of GRPO."""
-    lines = [f"{metric}: run - GRPO on the same engine, paired by seed, mean [95% t interval]", "",
-             "| run | GRPO run | directory | seeds | run - GRPO | collapsed (GRPO) |", "|---|---|---|---|---|---|"]
-    lines += [f"| `{r.run}` | `{r.reference}` | {'**pooled**' if r.source == POOLED else r.source} | "
-              f"{r.difference.n} | {signed(r.difference)} | {r.collapsed} ({r.collapsed_reference}) |" for r in rows]
+def pooled_table(rows: list[VersusRow], metric: str, against: str = "grpo") -> str:
+    """``pooling.pooled_versus`` as a markdown table: run, reference, directory (or pooled), seeds, the paired
+    difference, and collapsed seeds of the run and of its reference."""
+    lines = [f"{metric}: run - {AGAINST[against]}, paired by seed, mean [95% t interval]", "",
+             "| run | reference | directory | seeds | run - reference | collapsed: run, reference |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        where = r.source if r.source != POOLED else "**pooled**" + (
+            f" ({r.shared_seeds} of its seeds measured in several directories: each seed's mean)" if r.shared_seeds
+            else "")
+        lines.append(f"| `{r.run}` | `{r.reference}` | {where} | {r.difference.n} | {signed(r.difference)} | "
+                     f"{r.collapsed}/{r.seeds}, {r.collapsed_reference}/{r.reference_seeds} |")
     return "\n".join(lines)
 
 
@@ -48,6 +53,7 @@ def interaction_table(rows: list[InteractionRow], metric: str, pairs: list[tuple
     """``pooling.interactions`` as a markdown table: run, seeds, gain in A, gain in B, B - A."""
     names = "; ".join(f"A = {a}, B = {b}" for a, b in pairs)
     lines = [f"{metric}: gain = run - GRPO on the same engine, paired by seed; {names}", "",
-             "| run | seeds | gain in A | gain in B | B - A (GRPO: the run itself) |", "|---|---|---|---|---|"]
+             "| run | seeds | gain in A | gain in B | B - A (for GRPO: the run's own change) |",
+             "|---|---|---|---|---|"]
     lines += [f"| `{r.run}` | {r.n} | {signed(r.gain_a)} | {signed(r.gain_b)} | {signed(r.change)} |" for r in rows]
     return "\n".join(lines)

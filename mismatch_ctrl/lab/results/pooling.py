@@ -1,68 +1,109 @@
 """Comparisons across lab output directories, as pure functions of one run table whose runs carry their directory
 (``Run.source``).
 
-- ``pooled_versus``: each controller against GRPO on its engine (run - ``grpo@<engine>``, paired per seed) in each
-  directory, and pooled over the directories: their seeds differ, so the pairs are independent and the pooled
-  interval is the t interval of all the paired differences together.
-- ``interactions``: does a controller's gain over GRPO depend on a setting? Directories come in pairs (A: the
-  reference setting, B: one setting changed, same methods, engines and seeds); per seed both hold, the gain
+- ``pooled_versus``: each run against its reference - GRPO on the same engine (``grpo@<engine>``, as the report's
+  controller table) or the exact engine (``grpo@none``, else the run's own ``@none``, as the frontier) - paired per
+  seed, in each directory, and pooled over the directories that measured it.
+- ``interactions``: does a run's gain over GRPO depend on a setting? Directories come in pairs (A: the reference
+  setting, B: one setting changed, same methods, engines and seeds); per seed both hold, the gain
   ``g = run - grpo@<engine>`` in A and in B and the interaction ``g_B - g_A`` (a difference in differences, paired by
   seed); for plain GRPO the change of the run itself, B - A. More pairs (other seeds) are pooled.
 
-Collapsed runs count as they are (their metric is what they reached).
+Pooling counts each seed once: a seed measured in several directories (e.g. the MoE and the dense policy pooled on
+purpose from the same seeds, which share their prompts and sampling) gives the mean of its differences, so the
+pooled t interval is over independent seeds. Collapsed runs count as they are (their metric is what they reached).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from .frontier import versus_grpo
+from .frontier import exact_reference
 from .groups import aggregate_runs
 from .stats import Spread, spread
 from .table import RunTable
 
 POOLED = "pooled"
 """The ``source`` of a pooled row."""
+AGAINST = {"grpo": "GRPO on the same engine", "exact": "the exact engine"}
+"""What ``pooled_versus`` compares each run with."""
+
+
+def per_seed(parts: Iterable[dict[int, float]]) -> dict[int, float]:
+    """One value per seed from several ``{seed: value}``: the mean where a seed appears more than once."""
+    values: dict[int, list[float]] = {}
+    for part in parts:
+        for seed, value in part.items():
+            values.setdefault(seed, []).append(value)
+    return {seed: sum(v) / len(v) for seed, v in sorted(values.items())}
+
+
+def paired_by_seed(aggregated: dict[str, dict[str, Any]], run: str, reference: str, metric: str) -> dict[int, float]:
+    """``run - reference`` on ``metric`` per seed both measured."""
+    a, b = aggregated[run]["by_seed"].get(metric, {}), aggregated[reference]["by_seed"].get(metric, {})
+    return {seed: a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())}
+
+
+def reference_of(label: str, aggregated: dict[str, dict[str, Any]], against: str) -> str | None:
+    """The run ``label`` is compared with (None for the reference itself or when it is missing)."""
+    entry = aggregated[label]
+    reference = f"grpo@{entry['quant']}" if against == "grpo" else exact_reference(entry, aggregated)
+    return reference if reference in aggregated and reference != label else None
 
 
 @dataclass(frozen=True)
 class VersusRow:
-    """One controller against GRPO on its engine, in one directory or pooled: the paired differences of the metric
-    and how many seeds of the run and of its GRPO reference collapsed."""
+    """One run against its reference, in one directory or pooled: the paired differences of the metric (one per
+    seed), how many seeds the run had, and how many of them and of the reference's collapsed."""
 
     run: str
     reference: str
     source: str
     difference: Spread
+    seeds: int
     collapsed: int
+    reference_seeds: int
     collapsed_reference: int
+    shared_seeds: int = 0
+    """Pooled rows: seeds measured in more than one directory (their differences averaged)."""
 
 
-def pooled_versus(table: RunTable, metric: str) -> list[VersusRow]:
-    """Per directory (table order) the rows of ``versus_grpo`` for ``metric``; with several directories, then one
-    pooled row per run (sorted by run) over every directory that compared it."""
-    rows = []
+def pooled_versus(table: RunTable, metric: str, against: str = "grpo") -> list[VersusRow]:
+    """Per directory (table order) each run against its reference (``AGAINST``) on ``metric``; with several
+    directories, then one pooled row per run (sorted) measured in two or more of them."""
+    if against not in AGAINST:
+        raise ValueError(f"against: expected one of {sorted(AGAINST)}, got {against!r}")
+    rows, parts = [], {}
     for source in table.sources():
         aggregated = aggregate_runs(table.where(source))
-        for c in versus_grpo(aggregated):
-            if c["quantity"] == metric:
-                rows.append(VersusRow(c["run"], c["reference"], source, c["difference"],
-                                      aggregated[c["run"]]["collapses"], aggregated[c["reference"]]["collapses"]))
+        for label, entry in aggregated.items():
+            reference = reference_of(label, aggregated, against)
+            found = paired_by_seed(aggregated, label, reference, metric) if reference else {}
+            if found:
+                parts.setdefault(label, []).append(found)
+                rows.append(VersusRow(label, reference, source, spread(found.values()), len(entry["seeds"]),
+                                      entry["collapses"], len(aggregated[reference]["seeds"]),
+                                      aggregated[reference]["collapses"]))
     if len(table.sources()) < 2:
         return rows
     pooled = []
-    for run in sorted({row.run for row in rows}):
-        parts = [row for row in rows if row.run == run]
-        pooled.append(VersusRow(run, parts[0].reference, POOLED,
-                                spread(v for row in parts for v in row.difference.values),
-                                sum(row.collapsed for row in parts), sum(row.collapsed_reference for row in parts)))
+    for label in sorted(label for label, found in parts.items() if len(found) > 1):
+        mine = [row for row in rows if row.run == label]
+        seeds = per_seed(parts[label])
+        pooled.append(VersusRow(label, " / ".join(dict.fromkeys(row.reference for row in mine)), POOLED,
+                                spread(seeds.values()), sum(row.seeds for row in mine),
+                                sum(row.collapsed for row in mine), sum(row.reference_seeds for row in mine),
+                                sum(row.collapsed_reference for row in mine),
+                                sum(len(found) for found in parts[label]) - len(seeds)))
     return rows + pooled
 
 
 @dataclass(frozen=True)
 class InteractionRow:
     """One run's gains over GRPO in A and in B and their difference (for plain GRPO: only ``change``, B - A of the run
-    itself), pooled over the pairs of directories."""
+    itself), pooled over the pairs of directories, one value per seed."""
 
     run: str
     gain_a: Spread | None
@@ -74,36 +115,42 @@ class InteractionRow:
         return self.change.n
 
 
-def _paired_gains(a: RunTable, b: RunTable, metric: str) -> dict[str, tuple[list[float], list[float], list[float]]]:
-    """Per run of both tables, over the seeds where all four numbers exist: gains in A, gains in B, B - A (plain
-    GRPO: [], [], its own B - A)."""
+Gains = tuple[dict[int, float], dict[int, float], dict[int, float]]
+
+
+def _paired_gains(a: RunTable, b: RunTable, metric: str) -> dict[str, Gains]:
+    """Per run of both tables, over the seeds where all four numbers exist: gains in A, gains in B, B - A, each per
+    seed (plain GRPO: {}, {}, its own B - A)."""
     runs_a, runs_b = aggregate_runs(a), aggregate_runs(b)
-    out = {}
+    out: dict[str, Gains] = {}
     for label in sorted(runs_a.keys() & runs_b.keys()):
         run_a, run_b = runs_a[label]["by_seed"].get(metric, {}), runs_b[label]["by_seed"].get(metric, {})
         reference = f"grpo@{runs_a[label]['quant']}"
         if label == reference:
             seeds = sorted(run_a.keys() & run_b.keys())
             if seeds:
-                out[label] = ([], [], [run_b[s] - run_a[s] for s in seeds])
+                out[label] = ({}, {}, {s: run_b[s] - run_a[s] for s in seeds})
             continue
         if reference not in runs_a or reference not in runs_b:
             continue
         ref_a, ref_b = runs_a[reference]["by_seed"].get(metric, {}), runs_b[reference]["by_seed"].get(metric, {})
         seeds = sorted(run_a.keys() & run_b.keys() & ref_a.keys() & ref_b.keys())
         if seeds:
-            gain_a = [run_a[s] - ref_a[s] for s in seeds]
-            gain_b = [run_b[s] - ref_b[s] for s in seeds]
-            out[label] = (gain_a, gain_b, [y - x for x, y in zip(gain_a, gain_b)])
+            gain_a = {s: run_a[s] - ref_a[s] for s in seeds}
+            gain_b = {s: run_b[s] - ref_b[s] for s in seeds}
+            out[label] = (gain_a, gain_b, {s: gain_b[s] - gain_a[s] for s in seeds})
     return out
 
 
 def interactions(table: RunTable, pairs: list[tuple[str, str]], metric: str) -> list[InteractionRow]:
-    """``InteractionRow`` per run (sorted), pooled over the (A, B) pairs of sources of ``table``."""
-    pooled: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    """``InteractionRow`` per run (sorted), pooled over the (A, B) pairs of sources of ``table`` (``per_seed``)."""
+    pooled: dict[str, list[Gains]] = {}
     for source_a, source_b in pairs:
-        for label, parts in _paired_gains(table.where(source_a), table.where(source_b), metric).items():
-            for into, values in zip(pooled.setdefault(label, ([], [], [])), parts):
-                into.extend(values)
-    return [InteractionRow(label, spread(a) if a else None, spread(b) if b else None, spread(change))
-            for label, (a, b, change) in sorted(pooled.items())]
+        for label, gains in _paired_gains(table.where(source_a), table.where(source_b), metric).items():
+            pooled.setdefault(label, []).append(gains)
+    out = []
+    for label, parts in sorted(pooled.items()):
+        a, b, change = (per_seed(part[i] for part in parts) for i in range(3))
+        out.append(InteractionRow(label, spread(a.values()) if a else None, spread(b.values()) if b else None,
+                                  spread(change.values())))
+    return out

@@ -2,8 +2,9 @@
 
 The interval is Student's t interval of the mean, ``mean +- t(0.975, n-1) * s / sqrt(n)`` with ``s`` the sample
 standard deviation (n - 1 in the denominator). Two methods differ in a quantity when the interval of their paired
-per-seed differences excludes 0 (``paired``, ``sign``: the lab's methods of one seed start from the same warm-up, so
-pairing removes the spread of the starting policies). One seed gives no interval and never a difference.
+per-seed differences excludes 0 and has a width (``paired``, ``sign``: the lab's methods of one seed start from the
+same warm-up, so pairing removes the spread of the starting policies). One seed gives no interval and never a
+difference.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ def spread(values: Iterable[float]) -> Spread:
 
 
 def sign(s: Spread) -> int:
-    """+1 / -1 when the interval lies entirely above / below 0, else 0 (also without an interval)."""
-    if s.low is None or s.high is None:
+    """+1 / -1 when the interval lies entirely above / below 0, else 0: also without an interval, and for an interval
+    of zero width (every value the same: accuracies move in steps of 1/256, so two seeds can give one difference by
+    chance, and a spread of 0 measures no spread at all)."""
+    if s.low is None or s.high is None or s.std == 0:
         return 0
     return 1 if s.low > 0 else -1 if s.high < 0 else 0
 

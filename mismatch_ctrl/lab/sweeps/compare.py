@@ -31,8 +31,9 @@ def read_directories(directories: list[Path]) -> RunTable:
     given: dict[Path, Path] = {}
     for directory in directories:
         if directory.resolve() in given:
-            raise SweepError(f"{directory} is given twice (also as {given[directory.resolve()]}); its seeds would "
-                             "count twice")
+            first = given[directory.resolve()]
+            also = "" if str(first) == str(directory) else f" (also as {first})"
+            raise SweepError(f"{directory} is given twice{also}; its seeds would count twice")
         given[directory.resolve()] = directory
     runs: list[Run] = []
     owner: dict[str, Path] = {}
