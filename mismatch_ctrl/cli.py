@@ -80,17 +80,23 @@ def lab_plan(ns: argparse.Namespace) -> tuple[list[RunSpec], LabSettings, tuple[
     return runs, settings, o["seeds"]
 
 
+def _training_options(ns: argparse.Namespace) -> list[str]:
+    """The options of ``lab`` given on its command line that only training reads (``--preset``, the settings,
+    ``--dump-details``, ``--ray-address``), as flags."""
+    from .lab.sweeps.options import LAB_DEFAULTS
+
+    given = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS) if getattr(ns, name, None) is not None]
+    return given + ["--dump-details"] * ns.dump_details + ["--ray-address"] * (ns.ray_address is not None)
+
+
 def _lab(ns: argparse.Namespace) -> int:
     from .lab.sweeps.executors import LocalExecutor, RayExecutor
-    from .lab.sweeps.options import LAB_DEFAULTS
     from .lab.results.console import summary_table
     from .lab.sweeps.run import SweepInterrupted, rewrite_report, run_lab
     from .lab.sweeps.sweep import SweepError
 
     if ns.report_only:
-        training = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS)
-                    if getattr(ns, name, None) is not None] + (["--dump-details"] if ns.dump_details else []) \
-            + (["--ray-address"] if ns.ray_address is not None else [])
+        training = _training_options(ns)
         if training:
             print(f"mismatch-ctrl lab: --report-only trains nothing, so {', '.join(training)} would be ignored; drop "
                   "them (the report is rewritten from OUT's runs as they were trained)", file=sys.stderr)
@@ -133,14 +139,11 @@ def _lab_compare(ns: argparse.Namespace) -> int:
     from .lab.results.console import interaction_table, pooled_table
     from .lab.results.pooling import interactions, pooled_versus
     from .lab.sweeps.compare import read_directories, setting_differences
-    from .lab.sweeps.options import LAB_DEFAULTS
     from .lab.sweeps.sweep import SweepError
 
-    given = [f"--{name.replace('_', '-')}" for name in ("preset", *LAB_DEFAULTS, "ray_address", "cache_dir")
-             if getattr(ns, name, None) is not None]
-    given += [flag for flag, default in (("--out", "runs/lab"), ("--device", "auto"), ("--jobs", ns.lab_jobs_default),
-                                         ("--dump-details", False), ("--report-only", False))
-              if getattr(ns, flag[2:].replace("-", "_")) != default]
+    given = _training_options(ns) + (["--cache-dir"] if ns.cache_dir is not None else []) + [
+        flag for flag, default in (("--out", "runs/lab"), ("--device", "auto"), ("--jobs", ns.lab_jobs_default),
+                                   ("--report-only", False)) if getattr(ns, flag[2:].replace("-", "_")) != default]
     if given:
         what = "options" if len(given) > 1 else "an option"
         print(f"mismatch-ctrl lab compare: {', '.join(given)}: {what} of `mismatch-ctrl lab` (training), which compare "

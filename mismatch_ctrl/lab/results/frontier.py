@@ -79,13 +79,21 @@ def frontier(aggregated: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return {"mismatch": MISMATCH_NAME, "doses": doses, "points": points}
 
 
+def reference_of(label: str, aggregated: dict[str, dict[str, Any]], against: str = "grpo") -> str | None:
+    """The run ``label`` is compared with: ``grpo`` - GRPO on its engine (``grpo@<dose>``), ``exact`` - the exact
+    engine (``exact_reference``); None for the reference itself or when it was not run."""
+    entry = aggregated[label]
+    reference = f"grpo@{entry['quant']}" if against == "grpo" else exact_reference(entry, aggregated)
+    return reference if reference in aggregated and reference != label else None
+
+
 def versus_grpo(aggregated: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Every run that is not plain GRPO against ``grpo@<its dose>``, per ``VERSUS`` quantity: the paired difference
     (run - GRPO) ``Spread`` and its ``sign`` (+1 / -1: the interval lies above / below 0; 0 also for one seed)."""
     out = []
     for label, entry in aggregated.items():
-        reference = f"grpo@{entry['quant']}"
-        if reference == label or reference not in aggregated:
+        reference = reference_of(label, aggregated)
+        if reference is None:
             continue
         for key, _ in VERSUS:
             difference = paired(entry["by_seed"].get(key, {}), aggregated[reference]["by_seed"].get(key, {}))

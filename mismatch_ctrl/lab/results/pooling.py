@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from .frontier import exact_reference
+from .frontier import reference_of
 from .groups import aggregate_runs
-from .stats import Spread, spread
+from .stats import Spread, differences, spread
 from .table import RunTable
 
 POOLED = "pooled"
@@ -38,19 +37,6 @@ def per_seed(parts: Iterable[dict[int, float]]) -> dict[int, float]:
         for seed, value in part.items():
             values.setdefault(seed, []).append(value)
     return {seed: sum(v) / len(v) for seed, v in sorted(values.items())}
-
-
-def paired_by_seed(aggregated: dict[str, dict[str, Any]], run: str, reference: str, metric: str) -> dict[int, float]:
-    """``run - reference`` on ``metric`` per seed both measured."""
-    a, b = aggregated[run]["by_seed"].get(metric, {}), aggregated[reference]["by_seed"].get(metric, {})
-    return {seed: a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())}
-
-
-def reference_of(label: str, aggregated: dict[str, dict[str, Any]], against: str) -> str | None:
-    """The run ``label`` is compared with (None for the reference itself or when it is missing)."""
-    entry = aggregated[label]
-    reference = f"grpo@{entry['quant']}" if against == "grpo" else exact_reference(entry, aggregated)
-    return reference if reference in aggregated and reference != label else None
 
 
 @dataclass(frozen=True)
@@ -80,7 +66,8 @@ def pooled_versus(table: RunTable, metric: str, against: str = "grpo") -> list[V
         aggregated = aggregate_runs(table.where(source))
         for label, entry in aggregated.items():
             reference = reference_of(label, aggregated, against)
-            found = paired_by_seed(aggregated, label, reference, metric) if reference else {}
+            found = differences(entry["by_seed"].get(metric, {}),
+                                aggregated[reference]["by_seed"].get(metric, {})) if reference else {}
             if found:
                 parts.setdefault(label, []).append(found)
                 rows.append(VersusRow(label, reference, source, spread(found.values()), len(entry["seeds"]),
@@ -127,18 +114,18 @@ def _paired_gains(a: RunTable, b: RunTable, metric: str) -> dict[str, Gains]:
         run_a, run_b = runs_a[label]["by_seed"].get(metric, {}), runs_b[label]["by_seed"].get(metric, {})
         reference = f"grpo@{runs_a[label]['quant']}"
         if label == reference:
-            seeds = sorted(run_a.keys() & run_b.keys())
-            if seeds:
-                out[label] = ({}, {}, {s: run_b[s] - run_a[s] for s in seeds})
+            change = differences(run_b, run_a)
+            if change:
+                out[label] = ({}, {}, change)
             continue
         if reference not in runs_a or reference not in runs_b:
             continue
         ref_a, ref_b = runs_a[reference]["by_seed"].get(metric, {}), runs_b[reference]["by_seed"].get(metric, {})
         seeds = sorted(run_a.keys() & run_b.keys() & ref_a.keys() & ref_b.keys())
         if seeds:
-            gain_a = {s: run_a[s] - ref_a[s] for s in seeds}
-            gain_b = {s: run_b[s] - ref_b[s] for s in seeds}
-            out[label] = (gain_a, gain_b, {s: gain_b[s] - gain_a[s] for s in seeds})
+            gain_a = differences({s: run_a[s] for s in seeds}, ref_a)
+            gain_b = differences({s: run_b[s] for s in seeds}, ref_b)
+            out[label] = (gain_a, gain_b, differences(gain_b, gain_a))
     return out
 
 

@@ -72,10 +72,15 @@ def sign(s: Spread) -> int:
     return 1 if s.low > 0 else -1 if s.high < 0 else 0
 
 
+def differences(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """a[seed] - b[seed] for the seeds both have, in seed order."""
+    return {k: a[k] - b[k] for k in sorted(set(a) & set(b))}
+
+
 def paired(a: dict[int, float], b: dict[int, float]) -> Spread | None:
-    """``Spread`` of the differences a[seed] - b[seed] over the seeds both have (None if there are none)."""
-    common = sorted(set(a) & set(b))
-    return spread([a[k] - b[k] for k in common]) if common else None
+    """``Spread`` of the ``differences`` a[seed] - b[seed] (None if no seed has both)."""
+    found = differences(a, b)
+    return spread(found.values()) if found else None
 
 
 def aggregate(rows: Sequence[dict[str, object]], keys: Sequence[str]) -> dict[str, Spread]:
