@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -34,8 +35,12 @@ from typing import Any, Callable
 
 import torch
 
-from mismatch_ctrl.lab.sweeps.options import positive_int
-from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # benchmarks/ is on the path
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not installed (the device machine's python3)
+    sys.path.insert(0, str(ROOT))
+
+from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # noqa: E402 (benchmarks/)
+from mismatch_ctrl.lab.sweeps.options import positive_int  # noqa: E402
 
 SLIME_MIS = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",
                  tis_lower_bound=0.5, tis_upper_bound=2.0, rs_lower_bound=None, rs_upper_bound=None,

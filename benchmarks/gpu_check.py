@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mismatch_ctrl.lab.sweeps.options import positive_int
-from mismatch_ctrl.lab.training.settings import auto_device
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the source tree, for lab.training.settings.auto_device
+if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not installed (the device machine's python3)
+    sys.path.insert(0, str(ROOT))
+
+from mismatch_ctrl.lab.sweeps.options import positive_int  # noqa: E402
+from mismatch_ctrl.lab.training.settings import auto_device  # noqa: E402
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
 

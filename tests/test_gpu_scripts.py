@@ -4,6 +4,8 @@ are the CPU's; only the plumbing is under test), so no lease is spent on a typo.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,3 +76,44 @@ def test_bad_options_are_refused_before_any_work(script, argv, message, monkeypa
     with pytest.raises(SystemExit) as exit_info:
         script.main()
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+DEVICE_MACHINE = '''"""Python started as on the device machine: mismatch_ctrl not installed, no megatron-core."""
+import os
+import sys
+
+ROOT = os.environ["EMULATED_SOURCE_TREE"]
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != ROOT]
+
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        package = name.split(".")[0]
+        if package == "megatron":
+            raise ImportError("no megatron-core on the device machine")
+        if package == "mismatch_ctrl" and ROOT not in (os.path.realpath(p or ".") for p in sys.path):
+            raise ImportError("mismatch_ctrl is not installed on the device machine")
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+'''
+
+
+@pytest.mark.parametrize("script", ["gpu_check.py", "bench_gpu.py"])
+def test_the_gpu_scripts_run_from_the_source_tree_without_an_install(script, tmp_path):
+    """``make gpu-check`` on the device machine runs ``python3 benchmarks/gpu_check.py`` from the repository root
+    with a python that has torch but not this package (nor megatron-core): the scripts find the source tree
+    themselves. Checked with ``--help`` under a ``sitecustomize`` that hides every installed copy of the package."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "sitecustomize.py").write_text(DEVICE_MACHINE)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(tmp_path), EMULATED_SOURCE_TREE=str(root.resolve()))
+    hidden = subprocess.run([sys.executable, "-c", "import mismatch_ctrl"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)
+    assert hidden.returncode != 0 and "not installed" in hidden.stderr  # the emulation hides the package
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
