@@ -398,8 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="directories in pairs A B (A: the reference setting, B: one setting changed): gains in "
                               "A and B and their difference per run")
     compare.add_argument("--across-settings", action="store_true",
-                         help="pool directories trained with different settings (e.g. the MoE and the dense policy) "
-                              "on purpose; the table names the differences. Without it they are refused")
+                         help="pool directories trained with different settings (e.g. the MoE and the dense policy; "
+                              "the lab settings, the warm-up and each method's configuration, as the runs' "
+                              "fingerprints record them) on purpose; the table names the differences. Without it "
+                              "they are refused")
     compare.set_defaults(run=_lab_compare)
 
     from .analyze.analysis import eps_option, number_option

@@ -4,6 +4,7 @@ per seed; and every way a run could count twice, or a pooled interval mix settin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from mismatch_ctrl import cli
-from mismatch_ctrl.lab.model.warmup import warmup_preset
+from mismatch_ctrl.lab.model.warmup import WarmupConfig, warmup_preset
 from mismatch_ctrl.lab.results.pooling import POOLED, interactions, pooled_versus
 from mismatch_ctrl.lab.results.table import Run, RunTable
+from mismatch_ctrl.lab.sweeps import sweep
 from mismatch_ctrl.lab.sweeps.sweep import RunTask, commit_run
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
@@ -24,9 +26,11 @@ from mismatch_ctrl.lab.training.trainer import RUN_FILE
 STEPS = 4
 
 
-def make_runs(out: Path, values: dict[str, dict[int, float]], optimizer_steps: int = 2) -> Path:
+def make_runs(out: Path, values: dict[str, dict[int, float]], optimizer_steps: int = 2,
+              warmup: WarmupConfig | None = None) -> Path:
     """Committed run folders as a sweep leaves them: ``values[label][seed]`` is the run's late (= final) engine
-    accuracy; its reward collapses when the value is below 0.1."""
+    accuracy; its reward collapses when the value is below 0.1. The warm-up the fingerprints record: ``warmup``, by
+    default the add task's preset for the MoE policy."""
     for label, by_seed in values.items():
         spec = RunSpec.parse(label, "e4m3", num_experts=8)
         for seed, value in by_seed.items():
@@ -37,7 +41,7 @@ def make_runs(out: Path, values: dict[str, dict[int, float]], optimizer_steps: i
             files = {"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in records).encode(),
                      RUN_FILE: json.dumps({"method": spec.method, "quant": spec.quant, "replay": spec.replay,
                                            "settings": settings.__dict__}).encode()}
-            commit_run(out, RunTask(spec, settings, b""), files, warmup_preset("add", "moe"))
+            commit_run(out, RunTask(spec, settings, b""), files, warmup or warmup_preset("add", "moe"))
     return out
 
 
@@ -146,6 +150,27 @@ def test_pooling_directories_of_different_settings_is_refused_but_pairs_compare_
     assert code == 2 and "different settings" in err
     code, _, err = compare(capsys, "--pairs", a, b, c)
     assert code == 2 and "in pairs A B, got 3" in err
+
+
+def test_directories_of_another_warm_up_or_method_configuration_are_other_settings(tmp_path, capsys, monkeypatch):
+    """Settings alike, but the fingerprints record another warm-up, or another configuration of a method both
+    directories ran (a lab of another version): pooling them is refused, naming the difference, and the same label
+    and seed in both is not one run twice."""
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}})
+    slower = dataclasses.replace(warmup_preset("add", "moe"), lr=5e-4)
+    b = make_runs(tmp_path / "b", {"grpo@e5m2": {0: 0.45}, "dcgrpo@e5m2": {0: 0.7}}, warmup=slower)
+    code, _, err = compare(capsys, a, b)
+    assert code == 2 and f"different settings would be pooled ({a} and {b}: warmup.lr: 0.003 -> 0.0005)" in err
+    assert compare(capsys, "--across-settings", a, b)[0] == 0
+    real = sweep.method_section
+    monkeypatch.setattr(sweep, "method_section", lambda name: {**real(name), "dcgrpo": {"enabled": True, "eps": 0.5}}
+                        if name == "dcgrpo" else real(name))
+    c = make_runs(tmp_path / "c", {"grpo@e5m2": {1: 0.5}, "dcgrpo@e5m2": {1: 0.7}, "token_tis@e5m2": {1: 0.6}})
+    monkeypatch.setattr(sweep, "method_section", real)
+    code, _, err = compare(capsys, a, c)
+    assert code == 2 and f"({a} and {c}: method dcgrpo.dcgrpo.eps: '<absent>' -> 0.5)" in err
+    d = make_runs(tmp_path / "d", {"grpo@e5m2": {2: 0.5}, "token_tis@e5m2": {2: 0.6}})
+    assert compare(capsys, a, d)[0] == 0  # token_tis only in d: nothing of it to compare
 
 
 def test_missing_empty_damaged_and_incomparable_directories_are_named(tmp_path, capsys):

@@ -2,14 +2,16 @@
 
 A ``Run`` is one finished run of one seed: its summary (``training.summary.summarize``: the numbers aggregated over
 seeds, the run's label, method, engine, replay, seed and settings), its per-rollout records (``metrics.jsonl``) and the
-directory it was read from (``source``: runs of several ``--out`` directories can share a table, e.g. to pool seeds).
+directory it was read from (``source``: runs of several ``--out`` directories can share a table, e.g. to pool seeds)
+and, where it was read from a run folder, the inputs its ``fingerprint.json`` records (``fingerprint``: settings,
+warm-up, method configuration), which tell whether runs of several directories may be pooled.
 The table keeps the runs in the order given, which is the order of every table and legend the lab writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..training.methods import REPLAY_SUFFIX
@@ -17,11 +19,13 @@ from ..training.methods import REPLAY_SUFFIX
 
 @dataclass(frozen=True)
 class Run:
-    """One finished run of one seed: ``summary`` (numbers and identity), ``records`` (one per rollout), ``source``."""
+    """One finished run of one seed: ``summary`` (numbers and identity), ``records`` (one per rollout), ``source``,
+    ``fingerprint`` (its recorded inputs; empty when not read from a run folder)."""
 
     summary: Mapping[str, Any]
     records: Sequence[Mapping[str, Any]] = ()
     source: str = ""
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -2,27 +2,33 @@
 run folder checked as ``--report-only`` checks it), then pooled or paired (``results.pooling``).
 
 A run may count once: a directory given twice, one run folder's ``metrics.jsonl`` found in two directories (a copy),
-or the same run (label, settings, seed) in two directories is refused. Pooling mixes only directories trained with
-the same settings (the seed, device and dump option aside) unless asked to pool across settings
+or the same run (label, conditions, seed) in two directories is refused. A run's conditions are what its
+``fingerprint.json`` records it was trained under, the seed, device and dump option aside: its settings, its warm-up
+and its method's configuration. Pooling mixes only directories trained under the same conditions (a method's
+configuration compared where both directories ran the method) unless asked to pool across settings
 (``--across-settings``, which names the differences); two settings are compared in pairs (``--pairs``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..results.table import Run, RunTable
 from .integrity import check_runs, run_folders
-from .sweep import SweepError, differences
+from .sweep import SweepError, differences, digest
 
 IGNORED_SETTINGS = ("seed", "device", "dump_details")
 """Settings that do not make runs different experiments: pooled across directories, and a run's identity without
 them is what may appear only once."""
 
 
-def experiment(settings: dict) -> dict:
-    """A run's settings without ``IGNORED_SETTINGS``."""
-    return {k: v for k, v in settings.items() if k not in IGNORED_SETTINGS}
+def conditions(run: Run) -> dict[str, Any]:
+    """What ``run`` was trained under, ``IGNORED_SETTINGS`` and the seed aside: its settings, its warm-up
+    (``warmup``) and its method's configuration (``method <name>``), as its fingerprint records them."""
+    return {**{k: v for k, v in run.settings.items() if k not in IGNORED_SETTINGS},
+            "warmup": {k: v for k, v in run.fingerprint.get("warmup", {}).items() if k != "seed"},
+            f"method {run.method}": run.fingerprint.get("method_config", {})}
 
 
 def read_directories(directories: list[Path]) -> RunTable:
@@ -50,22 +56,27 @@ def read_directories(directories: list[Path]) -> RunTable:
             if other != run.folder:
                 raise SweepError(f"{run.folder} holds the metrics.jsonl of {other}: one run copied, which would count "
                                  "twice; compare the original only")
-            key = (run.spec.label, repr(sorted(experiment(run.summary["settings"]).items())), run.settings.seed)
+            row = Run(run.summary, run.records, str(directory), run.inputs)
+            key = (run.spec.label, digest(conditions(row)), run.settings.seed)
             if identity.setdefault(key, directory) != directory:
                 raise SweepError(f"{identity[key]} and {directory} both hold {run.spec.label} seed "
                                  f"{run.settings.seed} trained with the same settings: it would count twice; give "
                                  "directories of other seeds")
-            runs.append(Run(run.summary, run.records, str(directory)))
+            runs.append(row)
     return RunTable.of(runs)
 
 
 def setting_differences(table: RunTable) -> list[str]:
-    """``A and B: field: a -> b; ...`` for each source whose runs were trained with other settings than the first
-    source's (the seed, device and dump option aside); empty when every run shares the first run's settings."""
-    first = table.runs[0]
+    """``A and B: field: a -> b; ...`` for each source whose runs were trained under other :func:`conditions` than
+    the first source's (a method's configuration compared where the first source ran the method too); empty when
+    every run shares them."""
+    first = table.runs[0].source
+    reference = {run.method: conditions(run) for run in reversed(table.runs) if run.source == first}
+    shared = {k: v for k, v in next(iter(reference.values())).items() if not k.startswith("method ")}
     out = {}
     for run in table:
-        if run.source not in out and experiment(run.settings) != experiment(first.settings):
-            out[run.source] = (f"{first.source} and {run.source}: "
-                               f"{differences(experiment(first.settings), experiment(run.settings))}")
+        mine = conditions(run)
+        theirs = reference.get(run.method, {**shared, f"method {run.method}": mine[f"method {run.method}"]})
+        if run.source not in out and mine != theirs:
+            out[run.source] = f"{first} and {run.source}: {differences(theirs, mine)}"
     return list(out.values())
