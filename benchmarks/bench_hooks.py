@@ -14,7 +14,8 @@
   the advantage hook, a hundred micro-batches at once for the TIS hook), in units of one ``torch.exp`` over the same
   tokens ("elementwise passes", informational: the unit depends on the machine's ``exp``), with glibc's malloc and
   with malloc keeping freed memory (as a caching allocator); and the TIS hook's statistics in one chunk and in 4 MB
-  chunks, at 200k and 2M tokens.
+  chunks, at 200k and 2M tokens; and the host work of one call on 512 tokens, where the arithmetic is negligible
+  (each op's dispatch and the hook's Python: the least a GPU call costs, on a host of that speed).
 
 Hooks: the advantage hook with DC-GRPO (plus the surge detector and every mismatch metric) and the TIS hook with the
 ``geo_rs_token_tis`` preset (geometric rejection, veto, token TIS) and every metric. ``make bench`` prints the
@@ -271,6 +272,34 @@ def time_chunks(seed: int, repeats: int) -> None:
               f"4 MB chunks {chunked:7.2f} ms, ratio {one / chunked:4.2f}")
 
 
+def time_host_work(seed: int, repeats: int) -> None:
+    """Wall time of one call on a micro-batch of 512 tokens in 8 responses, where the arithmetic is negligible: each
+    op's dispatch and the hook's own Python. A GPU call costs at least this much host time (on a host CPU of this
+    speed; the kernels run while the host queues the next ones), so it bounds issue 22's GPU time targets from
+    below. In units of one tiny op (``x * 2.0`` on 64 numbers), which depend less on the machine."""
+    calls = hook_calls(make_rollout(8, 0, 0, seed, tokens=512), list(range(8)))
+    tiny = torch.randn(64, dtype=torch.float64)
+    rounds = max(20 * repeats, 100)
+
+    def wall_ms(fn: Callable[[], object]) -> float:
+        for _ in range(10):
+            fn()
+        samples = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return 1e3 * statistics.median(samples)
+
+    op_ms = wall_ms(lambda: tiny * 2.0)
+    print(f"\nhost work per call: 512 tokens in 8 responses, wall time (median of {rounds}), in tiny ops "
+          f"(x * 2.0 on 64 numbers: {1e3 * op_ms:.1f} us here); a GPU call costs at least its host work")
+    for hook, target in (("advantages", 1.5), ("tis", 0.5)):
+        ms, ops = wall_ms(calls[hook]), len(count_ops(calls[hook]).ops)
+        print(f"  {hook:12s} {ms:6.2f} ms = {ms / op_ms:5.0f} tiny ops ({ops} aten ops dispatched); issue 22's GPU "
+              f"target {target} ms: {'below' if ms <= target else f'{ms / target:.1f}x above'} on this host")
+
+
 def verdict(ok: bool) -> str:
     return "pass" if ok else "FAIL"
 
@@ -349,6 +378,7 @@ def main() -> None:
                   f"{verdict(max(per_rank) <= TARGETS[target])}")
 
     if not args.skip_time:
+        time_host_work(args.seed, args.repeats)
         time_chunks(args.seed, args.repeats)  # first: the malloc setting below stays for the process
         batch = make_rollout(args.time_seqs, 1000, 16000, args.seed)
         tokens = sum(batch["response_lengths"])
