@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="slime's --num-rollout: also refuse what would leave a controller inert over the run, and "
                             "warn about guards that could not act (as the hook's init does)")
     check.add_argument("--json", action="store_true", help="print every resolved setting as JSON")
-    check.set_defaults(run=_check_config)
+    check.set_defaults(run=_check_config, command_parser=check)
 
     from .lab.model.warmup import WARMUP_PRESETS
     from .lab.sweeps.run import default_jobs
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train nothing: write OUT's summary, report and plots again from its runs' metrics")
     lab.add_argument("--cache-dir", type=options.directory,
                      help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
-    lab.set_defaults(run=_lab)
+    lab.set_defaults(run=_lab, command_parser=lab)
     from .lab.results.frontier import VERSUS
 
     lab_commands = lab.add_subparsers(dest="lab_command", metavar="compare")
@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "the lab settings, the warm-up and each method's configuration, as the runs' "
                               "fingerprints record them) on purpose; the table names the differences. Without it "
                               "they are refused")
-    compare.set_defaults(run=_lab_compare)
+    compare.set_defaults(run=_lab_compare, command_parser=compare)
 
     from .analyze.analysis import eps_option, number_option
 
@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="load the dumps with torch.load(weights_only=False), as slime itself does: a crafted "
                               "dump can then run arbitrary code on this machine. Only for dumps of your own runs that "
                               "the default safe load refuses (the error names the type it met)")
-    analyze.set_defaults(run=_analyze)
+    analyze.set_defaults(run=_analyze, command_parser=analyze)
     return parser
 
 
@@ -445,7 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (sys.argv[1:] if argv is None else argv):
         parser.print_help()
         return 2
-    ns = parser.parse_args(argv)
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse names a subcommand's unknown option under the top-level usage: give the subcommand's
+        ns.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return ns.run(ns)
     except BrokenPipeError:  # the reader of standard output went away (`analyze --json - | head`): stop quietly

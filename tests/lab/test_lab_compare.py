@@ -184,6 +184,7 @@ def test_missing_empty_damaged_and_incomparable_directories_are_named(tmp_path, 
     metrics.write_text(metrics.read_text().replace("0.6", "0.9"))
     code, _, err = compare(capsys, a)
     assert code == 2 and "a damaged run" in err and "was changed after the run finished" in err
+    assert f"compare cannot count it. Leave {a} out, or move the folder out of it" in err and "--report-only" not in err
     alone = make_runs(tmp_path / "alone", {"dcgrpo@e5m2": {0: 0.6}})
     code, _, err = compare(capsys, alone)
     assert code == 2 and "nothing to compare: no run has a GRPO run on its engine" in err

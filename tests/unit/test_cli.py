@@ -1,4 +1,4 @@
-"""``mismatch-ctrl check-config``: exit codes and messages."""
+"""``mismatch-ctrl``: exit codes and messages of check-config, and usage errors of every command."""
 
 import json
 import subprocess
@@ -84,3 +84,19 @@ def test_help_and_usage_errors(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["check-config", "x.yaml", "--arch", "moe", "--num-experts", "8"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["lab", "compare", "runs/x", "--bogus"], "lab compare"),
+    (["lab", "--bogus"], "lab"),
+    (["analyze", "dumps", "--bogus"], "analyze"),
+    (["check-config", "x.yaml", "--bogus"], "check-config"),
+])
+def test_an_unknown_option_is_named_with_its_commands_usage(argv, command, capsys):
+    """argparse reports a subcommand's unknown option under the top-level usage; the CLI gives the command's own."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith(f"usage: mismatch-ctrl {command} ") and f"mismatch-ctrl {command}: error: unrecognized " \
+        "arguments: --bogus" in err

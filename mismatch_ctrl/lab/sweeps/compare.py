@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.table import Run, RunTable
-from .integrity import check_runs, run_folders
+from .integrity import DamagedRun, check_runs, run_folders
 from .sweep import SweepError, differences, digest
 
 IGNORED_SETTINGS = ("seed", "device", "dump_details")
@@ -48,7 +48,12 @@ def read_directories(directories: list[Path]) -> RunTable:
         if not directory.is_dir():
             raise SweepError(f"{directory}: not a directory; give lab output directories (the --out of "
                              "`mismatch-ctrl lab`)")
-        checked = check_runs(run_folders(directory))
+        try:
+            checked = check_runs(run_folders(directory))
+        except DamagedRun as exc:
+            raise SweepError(f"{exc.folder}: a damaged run ({exc.problem}); compare cannot count it. Leave {directory} "
+                             f"out, or move the {'folder' if exc.folder.is_dir() else 'file'} out of it (the next "
+                             f"`mismatch-ctrl lab --out {directory}` trains the run again)") from None
         if not checked:
             raise SweepError(f"{directory}: no runs (*/seed*/); give the --out of a `mismatch-ctrl lab` sweep")
         for run in sorted(checked, key=lambda r: (r.spec.label, r.settings.seed)):

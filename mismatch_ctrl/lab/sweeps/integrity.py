@@ -39,7 +39,7 @@ class DamagedRun(SweepError):
         super().__init__(f"{folder}: a damaged run ({problem}); its numbers are not used. Move the {what} out of "
                          f"{folder.parent.parent} to keep it (or delete it): the next `mismatch-ctrl lab` with this "
                          "--out trains the run again (`--report-only` reports the other runs)")
-        self.folder = folder
+        self.folder, self.problem = folder, problem
 
 
 @dataclass(frozen=True)
