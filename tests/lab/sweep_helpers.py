@@ -16,7 +16,10 @@ TINY_FLAGS = ["--prompts", "4", "--samples", "4", "--eval-every", "1000"]
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, even if this test runs where
+# SIGINT is ignored and inherited (a test suite started in the background by a non-interactive shell)
 from mismatch_ctrl import cli
 from mismatch_ctrl.lab.sweeps import run
 sys.path.insert(0, {tests!r})
