@@ -7,17 +7,24 @@ Steps, each bounded in time, in this order (a step that fails or runs out of tim
    synchronisations counted by the CUDA runtime (tests/slime/test_slime_device.py), a few lab rollouts of every kind
    of run on CUDA (tests/lab/test_lab_cuda.py);
 3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets;
-4. lab throughput: rollouts per second of the small ``moe`` and the 5.3M-parameter ``moe-large`` policy on the CPU
-   and on CUDA (``--steps`` rollouts of ``grpo@e4m3`` each, warm-up excluded), and whether ``--device auto``
+4. lab throughput: rollouts per second of one ``grpo@e4m3`` run of the small ``moe`` and of the 5.3M-parameter
+   ``moe-large`` policy on CUDA and on the CPU (``--steps`` rollouts on CUDA; the first rollout, with the step-0
+   evaluation, and the last, with the final one, are not timed), and whether ``--device auto``
    (``lab.training.settings.auto_device``) picks the faster device for each;
-5. the ``moe-large`` warm-up (the ``gpu-moe`` preset's policy): steps to its accuracy target, and a short sweep of
-   concurrent runs on the one GPU (``--jobs``) with its rollouts per second.
+5. the ``gpu-moe`` preset on two seeds with ``--jobs`` concurrent runs on the one GPU: each run's rollouts per second
+   while sharing it, the time the whole preset would take, and the ``moe-large`` warm-ups (steps to the accuracy
+   target, seconds).
 
-    python benchmarks/gpu_check.py --out runs/gpu-check     # writes runs/gpu-check/gpu_check.md and .json
+    python3 benchmarks/gpu_check.py --out runs/gpu-check    # writes runs/gpu-check/gpu_check.md and .json
     make gpu-check                                          # the same
 
-Runs from the source tree (``PYTHONPATH`` is set for the children), without a virtual environment: the device
-machine's ``python3`` has torch, numpy, matplotlib, PyYAML, pytest and hypothesis.
+The report is rewritten after every step (and a line printed), so a run cut short keeps what it measured. Each lab
+step starts from an empty folder (the warm-up cache, ``OUT/cache``, is kept): a rerun measures again. A step that
+runs out of time is stopped with every process it started (the lab's workers hold the GPU). Runs from the source
+tree (``PYTHONPATH`` is set for the children), without a virtual environment: the device machine's ``python3`` has
+torch, numpy, matplotlib, PyYAML, pytest and hypothesis. On a lent device, copy the small files back:
+``cp runs/gpu-check/*.md runs/gpu-check/*.json runs/gpu-check/*.log "$OUT"/`` (the folder also holds warm-up
+caches of ~20 MB per ``moe-large`` seed).
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -35,22 +46,33 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not installed (the device machine's python3)
     sys.path.insert(0, str(ROOT))
 
-from mismatch_ctrl.lab.sweeps.options import positive_int  # noqa: E402
+from mismatch_ctrl.lab.sweeps.options import LAB_PRESETS, positive_int  # noqa: E402
 from mismatch_ctrl.lab.training.settings import auto_device  # noqa: E402
+
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
+SHARES = {"CUDA tests": 0.30, "hook benchmark": 0.12, "moe on cuda": 0.05, "moe on cpu": 0.05,
+          "moe-large on cuda": 0.14, "moe-large on cpu": 0.09}
+"""Each step's share of the budget (the ``moe-large`` run on CUDA includes its warm-up, cached for the later steps);
+the ``gpu-moe`` sweep gets what is left."""
+CPU_LARGE_STEPS = 3
+"""Rollouts of the ``moe-large`` run on the CPU (one thread): one is timed."""
 
 
 def run(command: list[str], timeout: float, log: Path) -> dict[str, Any]:
-    """``command`` in the repository root with the source tree importable; its output goes to ``log``."""
+    """``command`` in the repository root with the source tree importable; its output goes to ``log``. Past
+    ``timeout`` seconds its whole process group is killed (a lab sweep's worker processes too)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            code = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=max(timeout, 1)).returncode
+            code: int | None = proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             code = None
     text = log.read_text(errors="replace")
     return {"command": " ".join(command), "returncode": code, "seconds": round(time.perf_counter() - start, 1),
@@ -74,34 +96,104 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def rollout_rate(records: list[dict[str, Any]]) -> float | None:
+    """Rollouts per second of one run from its ``metrics.jsonl`` records, whose ``seconds`` is the time since the run
+    started at the end of each rollout: rollouts 1 to n-2, without the first (the step-0 evaluation, first-call
+    costs) and the last (the final evaluation); None with fewer than 3 rollouts."""
+    times = [record.get("seconds") for record in records]
+    if len(times) < 3 or not all(isinstance(t, (int, float)) for t in times) or times[-2] <= times[0]:
+        return None
+    return (len(times) - 2) / (times[-2] - times[0])
+
+
+def run_rates(folder: Path) -> list[float]:
+    """The :func:`rollout_rate` of every finished run under a lab output folder (runs without one left out)."""
+    rates = []
+    for path in sorted(folder.glob("*/seed*/metrics.jsonl")):
+        try:
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            continue
+        rate = rollout_rate(records) if all(isinstance(r, dict) for r in records) else None
+        if rate is not None:
+            rates.append(rate)
+    return rates
+
+
+WARMUP_LINE = re.compile(r"^warm-up seed (\d+) \((\S+), (\d+) parameters\): (.*)$")
+STEP_LINE = re.compile(r"^warm-up step (\d+):")
+
+
+def warmups(log: str) -> list[str]:
+    """``seed S (policy): N steps, <time and accuracies>`` for each warm-up a lab log reports (its last ``warm-up
+    step`` line before it; a cached warm-up has none)."""
+    out, steps = [], None
+    for line in log.splitlines():
+        if match := STEP_LINE.match(line):
+            steps = match.group(1)
+        elif match := WARMUP_LINE.match(line):
+            seed, policy, _, rest = match.groups()
+            out.append(f"seed {seed} ({policy}): " + (f"{steps} steps, " if steps else "") + rest)
+            steps = None
+    return out
+
+
+def fresh(folder: Path) -> Path:
+    """``folder`` emptied (a rerun measures again instead of finding its runs finished)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
 def throughput(policy: str, device: str, steps: int, out: Path, timeout: float, log: Path) -> dict[str, Any]:
-    """Seconds per rollout of one ``grpo@e4m3`` lab run (warm-up excluded: the metrics' own per-rollout times)."""
-    folder = out / f"{policy}-{device}"
+    """One ``grpo@e4m3`` lab run of ``policy`` on ``device``; its :func:`rollout_rate`."""
+    folder = fresh(out / f"{policy}-{device}")
     result = run([sys.executable, "-m", "mismatch_ctrl", "lab", "--out", str(folder), "--policy", policy,
                   "--device", device, "--methods", "grpo", "--quant", "e4m3", "--steps", str(steps),
                   "--seeds", "40", "--eval-every", "1000", "--cache-dir", str(out / "cache")], timeout, log)
-    metrics = folder / "grpo@e4m3" / "seed40" / "metrics.jsonl"
-    if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-        seconds = [row["seconds"] for row in rows[1:] if isinstance(row.get("seconds"), (int, float))]
-        if seconds:
-            result["rollouts_per_s"] = round(len(seconds) / sum(seconds), 2)
+    rates = run_rates(folder)
+    if rates:
+        result["rollouts_per_s"] = round(rates[0], 2)
+    result["warmups"] = warmups(result["tail"])
+    return result
+
+
+def sweep(steps: int, jobs: int, out: Path, timeout: float, log: Path) -> dict[str, Any]:
+    """The ``gpu-moe`` preset on seeds 40 and 41 with ``jobs`` concurrent runs: the median rate of its runs while
+    they share the GPU, and what the whole preset would take at that rate."""
+    folder = fresh(out / "gpu-moe")
+    result = run([sys.executable, "-m", "mismatch_ctrl", "lab", "--preset", "gpu-moe", "--out", str(folder),
+                  "--steps", str(steps), "--seeds", "40,41", "--jobs", str(jobs), "--device", "cuda",
+                  "--cache-dir", str(out / "cache")], timeout, log)
+    result["warmups"] = warmups(log.read_text(errors="replace"))
+    rates = run_rates(folder)
+    if rates:
+        rate = statistics.median(rates)
+        preset = LAB_PRESETS["gpu-moe"]
+        runs = len(preset["methods"].split(",")) * len(preset["seeds"])
+        result["rollouts_per_s"] = round(rate, 2)
+        result["preset"] = (f"{len(rates)} runs, {jobs} at a time on the GPU: median {rate:.2f} rollouts/s per run; "
+                            f"the whole gpu-moe preset ({runs} runs x {preset['steps']} rollouts, --jobs {jobs}) "
+                            f"would train for about {runs * preset['steps'] / (jobs * rate):.0f} s after its "
+                            f"{len(preset['seeds'])} warm-ups")
     return result
 
 
 def report(results: dict[str, Any]) -> str:
-    """The report file: the machine, then each step's status, time, command and output tail."""
+    """The report file: the machine, then each step's status, time, command, numbers and output tail."""
     m = results["machine"]
     lines = [f"# GPU check: {m.get('gpu', 'no GPU')}", "",
              f"torch {m['torch']} (CUDA {m['cuda_build']}), Python {m['python']}, {m.get('gpus', 0)} GPU(s), "
              f"{m.get('memory_gib', 0)} GiB; megatron-core {'present' if m['megatron_core'] else 'absent'}; "
-             f"{results['seconds']:.0f} s in all.", ""]
+             f"{results['seconds']:.0f} s in all" + ("" if results.get("finished") else " (not finished)") + ".", ""]
     for name, step in results["steps"].items():
         status = "timed out" if step.get("timed_out") else ("ok" if step.get("returncode") == 0 else
                                                              f"exit {step.get('returncode')}")
         lines += [f"## {name}: {status} ({step.get('seconds', 0):.0f} s)", "", f"`{step.get('command', '')}`", ""]
         if "rollouts_per_s" in step:
             lines += [f"rollouts/s: {step['rollouts_per_s']}", ""]
+        if step.get("preset"):
+            lines += [step["preset"], ""]
+        lines += [f"- warm-up {line}" for line in step.get("warmups", [])] + ([""] if step.get("warmups") else [])
         lines += ["```", step.get("tail", "").strip()[-2500:], "```", ""]
     if results.get("auto_device"):
         lines += ["## --device auto", ""] + [f"- {line}" for line in results["auto_device"]] + [""]
@@ -115,13 +207,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="report folder")
     parser.add_argument("--budget", type=positive_int, default=BUDGET_S, help=f"seconds in all (default {BUDGET_S})")
     parser.add_argument("--steps", type=positive_int, default=12,
-                        help="rollouts per throughput run, at least 2: the first (compile, caches) is not timed "
-                             "(default 12)")
+                        help="rollouts per run on CUDA, at least 3: the first (step-0 evaluation, caches) and the "
+                             "last (final evaluation) are not timed (default 12)")
     parser.add_argument("--jobs", type=positive_int, default=4,
                         help="concurrent lab runs on the GPU in step 5 (default 4)")
     args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps: at least 2 (the first rollout is not timed)")
+    if args.steps < 3:
+        parser.error("--steps: at least 3 (the first and the last rollout are not timed)")
+    args.out = args.out.resolve()
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -132,35 +225,47 @@ def main() -> int:
         """Seconds for the next step: ``share`` of the budget, never beyond what is left."""
         return min(share * args.budget, args.budget - (time.perf_counter() - start))
 
-    results: dict[str, Any] = {"machine": machine(), "steps": {}}
+    results: dict[str, Any] = {"machine": machine(), "steps": {}, "finished": False}
     steps = results["steps"]
+
+    def save(name: str) -> None:
+        """The report as it stands, and one line for the step just done."""
+        results["seconds"] = time.perf_counter() - start
+        (args.out / "gpu_check.json").write_text(json.dumps(results, indent=1))
+        (args.out / "gpu_check.md").write_text(report(results))
+        step = steps.get(name, {})
+        status = "timed out" if step.get("timed_out") else f"exit {step.get('returncode')}"
+        rate = f", {step['rollouts_per_s']} rollouts/s" if "rollouts_per_s" in step else ""
+        print(f"gpu_check: {name}: {status} in {step.get('seconds', 0):.0f} s{rate}", flush=True)
+
     if not results["machine"]["cuda"]:
         print("gpu_check: torch finds no CUDA GPU here; nothing to check (run it on a GPU machine)")
         return 1
     steps["CUDA tests"] = run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                               *CUDA_TESTS], left(0.35), args.out / "tests.log")
+                               *CUDA_TESTS], left(SHARES["CUDA tests"]), args.out / "tests.log")
+    save("CUDA tests")
     steps["hook benchmark"] = run([sys.executable, "benchmarks/bench_gpu.py", "--json",
-                                   str(args.out / "bench_gpu.json")], left(0.15), args.out / "bench_gpu.log")
+                                   str(args.out / "bench_gpu.json")], left(SHARES["hook benchmark"]),
+                                  args.out / "bench_gpu.log")
+    save("hook benchmark")
     picks = []
     for policy in ("moe", "moe-large"):
         rates = {}
         for device in ("cuda", "cpu"):  # CUDA first: its warm-up is cached for the CPU run
-            steps[f"lab {policy} on {device}"] = step = throughput(
-                policy, device, args.steps if policy == "moe" or device == "cuda" else 3, args.out,
-                left(0.08), args.out / f"lab-{policy}-{device}.log")
+            name = f"lab {policy} on {device}"
+            steps[name] = step = throughput(
+                policy, device, CPU_LARGE_STEPS if (policy, device) == ("moe-large", "cpu") else args.steps,
+                args.out, left(SHARES[f"{policy} on {device}"]), args.out / f"lab-{policy}-{device}.log")
             rates[device] = step.get("rollouts_per_s")
+            save(name)
         chosen = auto_device(policy, "add")
         faster = max(rates, key=lambda d: rates[d] or 0.0) if all(rates.values()) else None
         verdict = "" if faster is None else " (the faster)" if chosen == faster else f" (FAIL: {faster} is faster)"
         picks.append(f"{policy}: cpu {rates['cpu']} / cuda {rates['cuda']} rollouts/s; auto picks {chosen}{verdict}")
-    results["auto_device"] = picks
-    steps["gpu-moe sweep"] = run([sys.executable, "-m", "mismatch_ctrl", "lab", "--preset", "gpu-moe", "--out",
-                                  str(args.out / "gpu-moe"), "--steps", str(args.steps), "--seeds", "40,41",
-                                  "--jobs", str(args.jobs), "--cache-dir", str(args.out / "cache")],
-                                 left(1.0), args.out / "gpu-moe.log")
-    results["seconds"] = time.perf_counter() - start
-    (args.out / "gpu_check.json").write_text(json.dumps(results, indent=1))
-    (args.out / "gpu_check.md").write_text(report(results))
+        results["auto_device"] = picks
+    steps["gpu-moe sweep"] = sweep(args.steps, args.jobs, args.out, left(1.0), args.out / "gpu-moe.log")
+    results["finished"] = True
+    save("gpu-moe sweep")
     print(f"report: {args.out / 'gpu_check.md'}")
     return 0
 

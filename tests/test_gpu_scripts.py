@@ -4,19 +4,25 @@ are the CPU's; only the plumbing is under test), so no lease is spent on a typo.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from mismatch_ctrl.hostguard import HostGuard
+from mismatch_ctrl.lab.sweeps.run import run_lab
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.training.settings import LabSettings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "benchmarks"), str(Path(__file__).resolve().parent / "lab")]
 import bench_gpu  # noqa: E402
 import gpu_check  # noqa: E402
+from sweep_helpers import TINY_WARMUP  # noqa: E402
 
 
 def test_bench_gpu_measures_every_case_and_judges_the_targets(monkeypatch):
@@ -65,7 +71,7 @@ def test_the_gpu_scripts_say_when_there_is_no_gpu(capsys, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("script, argv, message", [
-    (gpu_check, ["--steps", "1"], "--steps: at least 2"),
+    (gpu_check, ["--steps", "2"], "--steps: at least 3"),
     (gpu_check, ["--jobs", "0"], "argument --jobs: must be an integer >= 1"),
     (gpu_check, ["--budget", "-5"], "argument --budget: must be an integer >= 1"),
     (bench_gpu, ["--repeats", "0"], "argument --repeats: must be an integer >= 1"),
@@ -117,3 +123,92 @@ def test_the_gpu_scripts_run_from_the_source_tree_without_an_install(script, tmp
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+def records(seconds: list[float]) -> str:
+    """A ``metrics.jsonl`` whose ``seconds`` are the trainer's: time since the run started, at each rollout's end."""
+    return "".join(json.dumps({"step": k, "reward": 0.5, "seconds": t}) + "\n" for k, t in enumerate(seconds))
+
+
+def test_a_runs_rate_leaves_out_its_first_and_last_rollout_of_cumulative_seconds(tmp_path):
+    """The trainer's ``seconds`` accumulate: rollout 0 (with the step-0 evaluation) ends at 5 s, rollouts 1-3 take
+    0.5 s each, the last (with the final evaluation) 4 s: 3 rollouts in 1.5 s."""
+    assert gpu_check.rollout_rate([{"seconds": t} for t in (5.0, 5.5, 6.0, 6.5, 10.5)]) == pytest.approx(2.0)
+    assert gpu_check.rollout_rate([{"seconds": t} for t in (5.0, 9.0)]) is None
+    assert gpu_check.rollout_rate([{"seconds": 1.0}, {"step": 1}, {"seconds": 3.0}]) is None
+    for seed, times in ((40, [2.0, 3.0, 4.0, 9.0]), (41, [1.0, 1.25, 1.5, 2.0])):
+        folder = tmp_path / "grpo@nvfp4" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(records(times))
+    (tmp_path / "grpo@none" / "seed40").mkdir(parents=True)
+    (tmp_path / "grpo@none" / "seed40" / "metrics.jsonl").write_text("not json\n")
+    assert gpu_check.run_rates(tmp_path) == [pytest.approx(1.0), pytest.approx(4.0)]
+
+
+def test_the_warm_ups_are_read_from_the_labs_own_log(tmp_path, capsys):
+    """The lines ``run_lab`` prints for a warm-up it trains and for one it finds cached."""
+    settings = LabSettings(steps=2, prompts_per_step=4, samples_per_prompt=2, eval_every=1000, eval_prompts=8)
+    for out in ("a", "b"):
+        run_lab([RunSpec("grpo", "none")], settings, tmp_path / out, cache_dir=tmp_path / "cache", warmup=TINY_WARMUP,
+                seeds=(40,))
+    first, cached = gpu_check.warmups(capsys.readouterr().out)
+    assert first.startswith(f"seed 40 (moe): {TINY_WARMUP.steps} steps, ") and "sample accuracy" in first
+    assert cached.startswith("seed 40 (moe): cached, sample accuracy")
+
+
+def test_a_step_past_its_time_is_stopped_with_the_processes_it_started(tmp_path):
+    child = tmp_path / "child.pid"
+    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    start = time.perf_counter()
+    step = gpu_check.run([sys.executable, "-c", script], 3, tmp_path / "log")
+    assert step["timed_out"] and step["returncode"] is None and time.perf_counter() - start < 30
+    pid = int(child.read_text())
+    for _ in range(50):  # the killed grandchild is reaped by init within moments
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's own child process {pid} outlived the step")
+
+
+def test_the_report_is_written_after_every_step_and_each_lab_step_starts_afresh(tmp_path, monkeypatch, capsys):
+    """``main`` with the machine said to have CUDA and each step stood in for: a lab step writes its run as the lab
+    does (cumulative seconds); a stale run from an earlier check is not read; the gpu-moe step dies mid-way, and the
+    report written before it holds every earlier step and the device choice."""
+    out = tmp_path / "check"
+    stale = out / "moe-cuda" / "grpo@e4m3" / "seed40"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text(records([1.0, 1.1, 1.2, 2.0]))  # 10 rollouts/s, from a rerun's folder
+    monkeypatch.setattr(gpu_check, "machine", lambda: {"torch": "2.x", "cuda_build": "13.0", "cuda": True,
+                                                      "python": "3.12", "gpu": "NVIDIA H200", "megatron_core": False})
+    calls = []
+
+    def step(command, timeout, log):
+        calls.append(command)
+        log.write_text("warm-up step 120: sample accuracy 0.210\nwarm-up seed 40 (moe-large, 5300000 parameters): 9 s, "
+                       "sample accuracy 0.21, greedy accuracy 0.30\n")
+        if "--preset" in command:
+            raise RuntimeError("the device went away")
+        if "lab" in command:
+            folder = Path(command[command.index("--out") + 1]) / "grpo@e4m3" / "seed40"
+            folder.mkdir(parents=True)
+            cuda = command[command.index("--device") + 1] == "cuda"
+            (folder / "metrics.jsonl").write_text(records([5.0, 5.5, 6.0, 9.0] if cuda else [5.0, 6.0, 7.0, 9.0]))
+        return {"command": " ".join(command), "returncode": 0, "seconds": 1.0, "timed_out": False,
+                "tail": log.read_text()}
+
+    monkeypatch.setattr(gpu_check, "run", step)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(out), "--steps", "4"])
+    with pytest.raises(RuntimeError, match="the device went away"):
+        gpu_check.main()
+    text = (out / "gpu_check.md").read_text()
+    assert "(not finished)" in text and "## hook benchmark: ok" in text and "## lab moe-large on cpu: ok" in text
+    assert "rollouts/s: 2.0" in text and "rollouts/s: 1.0" in text and "rollouts/s: 10" not in text
+    assert "- warm-up seed 40 (moe-large): 120 steps, 9 s, sample accuracy 0.21" in text
+    assert "moe: cpu 1.0 / cuda 2.0 rollouts/s; auto picks cpu (FAIL: cuda is faster)" in text
+    assert [c[c.index("--steps") + 1] for c in calls if "lab" in c and "--preset" not in c] == ["4", "4", "4", "3"]
+    printed = capsys.readouterr().out
+    assert "gpu_check: lab moe on cuda: exit 0 in 1 s, 2.0 rollouts/s" in printed
