@@ -51,7 +51,7 @@ from mismatch_ctrl.lab.training.settings import auto_device  # noqa: E402
 
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
-SHARES = {"CUDA tests": 0.30, "hook benchmark": 0.12, "moe on cuda": 0.05, "moe on cpu": 0.05,
+SHARES = {"CUDA tests": 0.27, "hook benchmark": 0.12, "moe on cuda": 0.07, "moe on cpu": 0.05,
           "moe-large on cuda": 0.14, "moe-large on cpu": 0.09}
 """Each step's share of the budget (the ``moe-large`` run on CUDA includes its warm-up, cached for the later steps);
 the ``gpu-moe`` sweep gets what is left."""

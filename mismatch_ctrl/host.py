@@ -42,25 +42,39 @@ def _transfer(kind: str) -> Iterator[None]:
 
 def fetch(*tensors: torch.Tensor) -> list[float]:
     """The values of ``tensors`` (any shapes, flattened in order) as Python floats, in one device-to-host transfer:
-    one host synchronisation on a GPU, none on a CPU. Integers are exact up to 2^53."""
+    one host synchronisation on a GPU, none on a CPU (tensors on several devices: one transfer per device). Integers
+    are exact up to 2^53."""
     with _transfer("fetch"):
-        if not tensors:
-            return []
-        if len(tensors) == 1:
-            values = tensors[0].reshape(-1)
-        elif all(t.dim() == 0 for t in tensors):
-            values = torch.stack(tensors)  # one op, promoting to a common dtype
-        else:
-            values = torch.cat([t.reshape(-1) for t in tensors])
-        return values.to(torch.float64).tolist()
+        devices = list(dict.fromkeys(t.device for t in tensors))
+        if len(devices) <= 1:
+            return _values(tensors)
+        parts = {device: iter(_values([t for t in tensors if t.device == device])) for device in devices}
+        return [next(parts[t.device]) for t in tensors for _ in range(t.numel())]  # CUDA joins one device's only
+
+
+def _values(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """The values of tensors of one device, flattened in order, in one transfer."""
+    if not tensors:
+        return []
+    if len({t.dtype for t in tensors}) > 1:  # joined in float64, not a common dtype (float32 would round counts)
+        tensors = [t.to(torch.float64) for t in tensors]
+    if len(tensors) == 1:
+        values = tensors[0].reshape(-1)
+    elif all(t.dim() == 0 for t in tensors):
+        values = torch.stack(list(tensors))  # one op, promoting to a common dtype
+    else:
+        values = torch.cat([t.reshape(-1) for t in tensors])
+    return values.to(torch.float64).tolist()
 
 
 def to_device(data: np.ndarray | Sequence[float] | torch.Tensor, device: torch.device,
               dtype: torch.dtype | None = None) -> torch.Tensor:
     """Host ``data`` (an array, a list of numbers or a CPU tensor) as a tensor of ``dtype`` on ``device``, without a
     host synchronisation: on CUDA through pinned memory and a non-blocking copy (PyTorch keeps the pinned block
-    until the copy is done); elsewhere a copy on the host."""
+    until the copy is done); elsewhere a copy on the host. A tensor already on a device is copied there directly."""
     with _transfer("upload"):
+        if isinstance(data, torch.Tensor) and data.device.type != "cpu":  # already on a device: a device copy
+            return data.to(device, dtype, copy=True)
         host = torch.as_tensor(data, dtype=dtype)
         if torch.device(device).type != "cuda":
             return host.to(device, copy=True)

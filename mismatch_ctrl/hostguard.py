@@ -10,15 +10,18 @@ caller's inputs, results of ops on them, factories given a ``device``) or a *hos
   error and the others synchronise with the device;
 - ops whose output size depends on device values (``nonzero``, boolean-mask indexing, ``masked_select``,
   ``unique``, ``bincount``, ``repeat_interleave`` without ``output_size``, ``segment_reduce`` without
-  ``unsafe=True``, ...) raise: CUDA synchronises for them;
+  ``unsafe=True``, ``one_hot`` without ``num_classes``, ``histc`` over the data's own range, ...) raise: CUDA
+  synchronises for them;
 - a host tensor of one or more dimensions in an op with a device tensor raises (CUDA: "Expected all tensors to be on
-  the same device"; as an index, a blocking copy), and so does a blocking host-to-device copy (``.to(device)`` of a
-  host tensor, ``torch.tensor(..., device=...)``);
+  the same device"; as an index, a blocking copy), a 0-d one as the index or mask of an indexing op too, and so does
+  a blocking host-to-device copy (``.to(device)`` of a host tensor, ``torch.tensor(..., device=...)``);
 - transfers through :func:`mismatch_ctrl.host.fetch` and :func:`mismatch_ctrl.host.to_device` pass and are counted:
   ``guard.syncs`` (fetches: host synchronisations on a GPU) and ``guard.uploads``.
 
 The device of a tensor is decided by how it was made, not by ``.device`` (every tensor here is on the CPU), so
-``.to(x.device)`` of a device tensor stays on the device, and ``.to("cpu")`` (a string) leaves it.
+``.to(x.device)`` of a device tensor stays on the device, and ``.to("cpu")`` (a string) leaves it. What the guard
+cannot see: ``.to(torch.device("cpu"))`` (it reads as ``.to(x.device)``), a Python list as an index (on CUDA a
+copy from pageable memory), random numbers drawn with a host generator for the device, and CUDA's own numerics.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ FACTORIES_FROM_DATA = frozenset({"tensor", "as_tensor", "asarray", "new_tensor"}
 tensors, a read of each value."""
 NO_HOST_SCALARS = frozenset({"cat", "stack", "hstack", "vstack", "copy_"})
 """Ops that refuse even a 0-d host tensor beside a device tensor (elsewhere CUDA treats one as a scalar)."""
+INDEX_ARGUMENTS = {name: (position, keyword) for names, position, keyword in (
+    (("index_select", "index_add", "index_add_", "index_copy", "index_copy_", "index_fill", "index_fill_", "gather",
+      "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"), 2, "index"),
+    (("take", "take_along_dim"), 1, "index"), (("masked_fill", "masked_fill_"), 1, "mask"),
+) for name in names}
+"""Ops whose index (or mask) CUDA wants on the device even when it is 0-d: its position in the call and keyword."""
 
 
 class HostTransferError(RuntimeError):
@@ -76,6 +85,12 @@ def _moves_to_device(func_name: str, args: tuple, kwargs: dict) -> bool | str:
         if isinstance(target, (torch.device, torch.Tensor)):
             return True
     return False
+
+
+def _histc_range(args: tuple, kwargs: dict) -> tuple[float, float]:
+    """``histc``'s ``(min, max)``: both 0 (the default) make CUDA read the data's extremes on the host."""
+    values = {"min": 0, "max": 0, **dict(zip(("bins", "min", "max"), args[1:])), **kwargs}
+    return values["min"], values["max"]
 
 
 def _bool_index(index: Any) -> bool:
@@ -155,12 +170,22 @@ class HostGuard(TorchFunctionMode):
                                     "mismatch_ctrl.host.fetch, all at once")
         if name in SYNCING or (name == "where" and len(args) + len(kwargs) == 1) or \
                 (name == "repeat_interleave" and "output_size" not in kwargs and
-                 isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), torch.Tensor)) or \
+                 (len(args) + len(kwargs) == 1 or
+                  isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), torch.Tensor))) or \
+                (name == "one_hot" and (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) == -1) or \
+                (name == "histc" and _histc_range(args, kwargs) == (0, 0)) or \
                 (name == "segment_reduce" and not kwargs.get("unsafe", False)) or \
                 (name in ("__getitem__", "__setitem__", "index_put", "index_put_") and _bool_index(args[1:2])):
             raise HostTransferError(f"{name}(): its result depends on device values, so a GPU synchronises with the "
                                     "host; use a fixed-shape form (torch.where, masked_fill, index_add_, "
                                     "segment_reduce(unsafe=True), repeat_interleave(output_size=...))")
+        if name in INDEX_ARGUMENTS:
+            position, keyword = INDEX_ARGUMENTS[name]
+            index = args[position] if len(args) > position else kwargs.get(keyword)
+            if isinstance(index, np.ndarray) or (isinstance(index, torch.Tensor) and is_host(index)):
+                raise HostTransferError(f"{name}(): a host tensor as the {keyword} of a device tensor: on a GPU "
+                                        "'Expected all tensors to be on the same device' (even 0-d); create it on the "
+                                        "device or move it with mismatch_ctrl.host.to_device")
         mixed = [t for t in host_inputs if t.ndim > 0 or name in NO_HOST_SCALARS]
         if mixed:
             shapes = ", ".join(str(tuple(t.shape)) for t in mixed)

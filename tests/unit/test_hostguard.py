@@ -94,3 +94,60 @@ def test_host_tensors_are_free_to_read():
         t = torch.tensor([1.0, 2.0])
         assert t.tolist() == [1.0, 2.0] and float(t.sum()) == 3.0 and t.numpy().sum() == 3.0
     assert guard.events == []
+
+
+@pytest.mark.parametrize("op", [
+    lambda t: torch.repeat_interleave(t.long()), lambda t: torch.nn.functional.one_hot(t.long()),
+    lambda t: torch.histc(t), lambda t: torch.histc(t, bins=4, min=0, max=0),
+], ids=["repeat_interleave-counts", "one_hot", "histc", "histc-zero-range"])
+def test_more_ops_that_read_device_values_for_their_shape_or_range_are_refused(device_tensor, op):
+    with HostGuard(), pytest.raises(HostTransferError, match="depends on device values"):
+        op(device_tensor)
+
+
+def test_their_fixed_forms_pass(device_tensor):
+    with HostGuard() as guard:
+        torch.nn.functional.one_hot(device_tensor.long(), num_classes=6)
+        torch.histc(device_tensor, bins=4, min=0, max=6)
+    assert guard.events == []
+
+
+@pytest.mark.parametrize("index", [
+    lambda t: t.index_select(0, torch.tensor(1)), lambda t: t.masked_fill(torch.tensor(True), 0.0),
+    lambda t: torch.gather(t, 0, torch.tensor([1])), lambda t: t.index_add_(0, torch.tensor(2), t[:1]),
+    lambda t: torch.take(t, torch.tensor(3)), lambda t: t.masked_fill(mask=torch.tensor(False), value=1.0),
+], ids=["index_select-0d", "masked_fill-0d", "gather", "index_add-0d", "take-0d", "masked_fill-keyword"])
+def test_a_host_index_or_mask_is_refused_even_0d(device_tensor, index):
+    """CUDA takes a 0-d host tensor as a scalar operand, not as an index or a mask."""
+    with HostGuard(), pytest.raises(HostTransferError, match="host tensor as the (index|mask)"):
+        index(device_tensor)
+
+
+def test_fetch_and_to_device_take_tensors_of_several_devices_and_dtypes():
+    """One transfer per device, values in the order given; counts beside float32 values stay exact (joined in
+    float64, not in float32); a tensor already on a device is copied, not pinned."""
+    meta = torch.empty(2, device="meta")
+    count = torch.tensor(2**24 + 1)
+    assert host.fetch(torch.tensor([0.5], dtype=torch.float32), count) == [0.5, 2**24 + 1]
+    mixed = [torch.tensor([1.0, 2.0]), torch.tensor(3, dtype=torch.int64)]
+    assert host.fetch(*mixed) == [1.0, 2.0, 3.0]
+    with HostGuard() as guard:
+        assert host.fetch(torch.arange(3.0), torch.tensor(7)) == [0.0, 1.0, 2.0, 7.0]
+    assert guard.syncs == 1
+    copied = host.to_device(meta, torch.device("meta"), torch.float64)
+    assert copied.device.type == "meta" and copied.dtype == torch.float64
+
+
+def test_fetch_reads_each_device_once_and_keeps_the_order(monkeypatch):
+    """Tensors on the CPU and on another device (``meta`` stands in for a GPU, whose values it reads as -1)."""
+    real, calls = host._values, []
+
+    def values(tensors):
+        calls.append([t.device.type for t in tensors])
+        return [-1.0] * sum(t.numel() for t in tensors) if tensors[0].device.type == "meta" else real(tensors)
+
+    monkeypatch.setattr(host, "_values", values)
+    got = host.fetch(torch.tensor([1.0, 2.0]), torch.empty(2, device="meta"), torch.tensor(3.0),
+                     torch.empty((), device="meta"))
+    assert got == [1.0, 2.0, -1.0, -1.0, 3.0, -1.0]
+    assert calls == [["cpu", "cpu"], ["meta", "meta"]]
