@@ -255,6 +255,12 @@ ERRORS: dict[str, Bad] = {
                                    "state version [3] is not supported"),
     "state lam beyond any float": bad(resume_edited(set_key("dcgrpo", "lam", 10**400)), StateError,
                                       "state.dcgrpo.lam", "finite"),
+    "config number beyond any float": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  dcgrpo:\n    eta: "
+                                                                      f"{10**400}\n"), architecture="moe"),
+                                          ConfigError, "mismatch_ctrl.dcgrpo.eta: must be a finite number", "got 1000"),
+    "config integer beyond 64 bits": bad(lambda t: build_config({"lr_decay": {"enabled": True, "period": 2**63}}),
+                                         ConfigError, "mismatch_ctrl.lr_decay.period: must be an integer of at most 64 "
+                                         "bits", "got 9223372036854775808"),
     "config section false": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  dcgrpo: false\n"),
                                                       architecture="moe"), ConfigError,
                                 "mismatch_ctrl.dcgrpo: expected a mapping"),
@@ -352,6 +358,9 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
                                 "not UTF-8 text"),
     "check-config: mismatch_ctrl a list": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl: [a]\n"))],
                                               "expected a mapping of settings"),
+    "check-config: a number beyond any float": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  acrl:\n"
+                                                                                        f"    c_0: {10**400}\n"))],
+                                                   "mismatch_ctrl.acrl.c_0: must be a finite number"),
     "check-config: duplicate key": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  name: a\n"
                                                                               "  name: b\n"))],
                                        "duplicate key 'name'"),
