@@ -284,6 +284,14 @@ ERRORS: dict[str, Bad] = {
                               InputError, "sample 0: log_probs must be a tensor, got list"),
     "rollout_log_probs None (correction hook)": bad(lambda t: correction(GEO, **tis_kwargs(rollout_log_probs=None)),
                                                     InputError, "rollout_log_probs is None"),
+    "response length beyond any token count": bad(lambda t: advantages(DCGRPO, data(total_lengths=[2**63] * 16)),
+                                                   InputError, "total_lengths[0] must be a token count, an integer "
+                                                   "from 0 to 2^53, got 9223372036854775808"),
+    "response length a string": bad(lambda t: correction(GEO, **tis_kwargs(response_lengths=["5"] * 16)), InputError,
+                                    "response_lengths[0] must be a token count", "got '5' (str)"),
+    "pg_loss 2-D": bad(lambda t: correction(GEO, **tis_kwargs(pg_loss=torch.zeros(1, sum(BATCH.response_lengths)))),
+                       InputError, "pg_loss must be slime's flat per-token loss tensor (1-D",
+                       f"got a tensor of shape (1, {sum(BATCH.response_lengths)})"),
     "loss mask 2 (advantage hook)": bad(lambda t: advantages(DCGRPO, with_token("loss_masks", 2)), InputError,
                                         "sample 0: loss mask value other than 0/1", "loss_masks=2"),
     "loss mask -1 (correction hook)": bad(lambda t: correction(GEO, **tis_kwargs(with_token("loss_masks", -1))),
@@ -449,6 +457,20 @@ def test_nonfinite_rewards_give_advantage_zero_a_metric_and_one_warning(caplog):
     assert good[NONFINITE_REWARDS] == [0.0] * 16
     warnings = [r for r in caplog.records if "NaN or infinite reward" in r.getMessage()]
     assert len(warnings) == 1 and "3 of 16 samples" in warnings[0].getMessage()
+
+
+def test_numpy_integer_lengths_are_read_like_python_ints():
+    """A custom pipeline's numpy lengths are token counts too (rewards already accept numpy numbers): same advantages,
+    metrics and corrected loss as slime's Python ints."""
+    as_ints, as_numpy = data(), data(response_lengths=[np.int64(n) for n in BATCH.response_lengths],
+                                     total_lengths=[np.int32(n) for n in BATCH.total_lengths])
+    advantages(GEO, as_ints)
+    advantages(GEO, as_numpy)
+    assert all(torch.equal(a, b) for a, b in zip(as_ints["advantages"], as_numpy["advantages"]))
+    assert {k: v for k, v in as_ints.items() if k.startswith(PREFIX)} == \
+        {k: v for k, v in as_numpy.items() if k.startswith(PREFIX)}
+    (loss, _, metrics), (numpy_loss, _, numpy_metrics) = (correction(GEO, **tis_kwargs(d)) for d in (as_ints, as_numpy))
+    assert torch.equal(loss, numpy_loss) and all(torch.equal(metrics[k], numpy_metrics[k]) for k in metrics)
 
 
 def test_rewards_as_a_tensor_are_read_like_the_list():
