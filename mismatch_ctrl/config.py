@@ -345,12 +345,18 @@ def _describe(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
+_INT_MAX = 2**63 - 1
+"""The largest integer setting: counts of rollouts or files, reported as float metrics and stored as JSON numbers."""
+_FLOAT_MAX = 1.7976931348623157e308
+"""The largest finite float: an integer above it (a YAML number of 309 digits) is read as infinite, not an overflow."""
+
 YAML_SWITCHES = {False: "off", True: "on"}
 """What a setting whose values include ``off`` (``eps_guard``, ``drift_guard``) reads from YAML's bare ``off``."""
 
 
-class _NonFiniteNumber(ConfigError):
-    """A number that is NaN or infinite: reported as such, not as a type mismatch of a union's other options."""
+class _NumberOutOfRange(ConfigError):
+    """A number that is NaN or infinite, or an integer beyond 64 bits: reported as such, not as a type mismatch of a
+    union's other options."""
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
@@ -365,7 +371,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 continue
             try:
                 return _coerce(option, value, path)
-            except _NonFiniteNumber:
+            except _NumberOutOfRange:
                 raise
             except ConfigError:
                 continue
@@ -379,6 +385,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > _INT_MAX:
+                raise _NumberOutOfRange(f"{path}: must be an integer of at most 64 bits (|value| < 2^63), got "
+                                        f"{brief(value)}")
             return value
     elif tp is float:
         number = value
@@ -388,8 +397,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             except ValueError:
                 number = None
         if isinstance(number, (int, float)) and not isinstance(number, bool):
+            if isinstance(number, int) and abs(number) > _FLOAT_MAX:  # an integer beyond float range
+                number = math.inf if number > 0 else -math.inf
             if not math.isfinite(number):
-                raise _NonFiniteNumber(f"{path}: must be a finite number, got {brief(value)}")
+                raise _NumberOutOfRange(f"{path}: must be a finite number, got {brief(value)}")
             return float(number)
     elif tp is str:
         if isinstance(value, str):

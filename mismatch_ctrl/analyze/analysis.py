@@ -90,6 +90,8 @@ def method_path(config: str | Path | None) -> Path:
     shipped = resources.files("mismatch_ctrl").joinpath("configs", "methods", f"{name}.yaml")
     if "/" not in name and shipped.is_file():
         return Path(str(shipped))
+    if config is not None and (Path(config).exists() or Path(config).is_symlink()):
+        return Path(config)  # a directory, device or broken link: reading it names what it is
     raise ConfigError(f"--config {config}: no such file (give a method YAML or the name of one in configs/methods/)")
 
 

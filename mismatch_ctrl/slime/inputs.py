@@ -29,6 +29,9 @@ NONFINITE_REWARDS = "mismatch_ctrl/nonfinite_reward_fraction"
 REQUIRED_KEYS = ("rewards", "response_lengths", "total_lengths", "loss_masks")
 TENSOR_LISTS = ("loss_masks", "rollout_log_probs", "log_probs", "kl")
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+MAX_LENGTH = 2**53
+"""The longest response or sequence: a length above it is no token count (and not exact as a float or in int64
+index arithmetic)."""
 
 
 def check_rollout_data(rollout_data: Any, runtime: Runtime) -> list[float]:
@@ -62,8 +65,10 @@ def check_tis_inputs(pg_loss: Any, train_log_probs: Any, rollout_log_probs: Any,
                      response_lengths: Any) -> None:
     """Check the keyword arguments slime passes the TIS hook (``loss.py`` ``tis_kwargs``)."""
     if not isinstance(pg_loss, torch.Tensor) or pg_loss.dim() != 1:
-        raise InputError(f"pg_loss must be slime's flat per-token loss tensor, got "
-                         f"{type(pg_loss).__name__}{getattr(pg_loss, 'shape', '')}")
+        got = f"a tensor of shape {tuple(pg_loss.shape)}" if isinstance(pg_loss, torch.Tensor) else \
+            type(pg_loss).__name__
+        raise InputError(f"pg_loss must be slime's flat per-token loss tensor (1-D, one value per response token of "
+                         f"this rank's samples, in sample order), got {got}")
     if not pg_loss.is_floating_point():
         raise InputError(f"pg_loss must hold slime's floating-point per-token loss, got dtype {pg_loss.dtype}: "
                          "weighting it would truncate the weights (check which tensor was passed)")
@@ -86,8 +91,9 @@ def check_lengths(total_lengths: Any, response_lengths: Any) -> int:
         if not isinstance(values, (list, tuple)):
             raise InputError(f"{name} must be a list of integers (one per sample), got {type(values).__name__}")
         for i, v in enumerate(values):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InputError(f"{name}[{i}] must be an integer >= 0, got {brief(v)}")
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v <= MAX_LENGTH:
+                raise InputError(f"{name}[{i}] must be a token count, an integer from 0 to 2^53, got {brief(v)} "
+                                 f"({type(v).__name__}); slime passes one Python int per sample")
     if len(total_lengths) != len(response_lengths):
         raise InputError(f"total_lengths has {len(total_lengths)} samples but response_lengths has "
                          f"{len(response_lengths)}")

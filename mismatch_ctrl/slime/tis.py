@@ -105,4 +105,6 @@ def rollout_correction(
                                                "train/mismatch_ctrl/nonfinite_pg_loss_fraction (check the learning "
                                                "rate and the policy's logits)")
     token_metrics["nonfinite_pg_loss_fraction"] = nonfinite_loss.to(dtype)
-    return pg_loss, masks, {METRIC_PREFIX + name: value.to(pg_loss.dtype) for name, value in token_metrics.items()}
+    # In pg_loss's dtype, except float16: its range (65504) would turn a weight or k3 of exp(20) into inf.
+    out = torch.float32 if pg_loss.dtype == torch.float16 else pg_loss.dtype
+    return pg_loss, masks, {METRIC_PREFIX + name: value.to(out) for name, value in token_metrics.items()}

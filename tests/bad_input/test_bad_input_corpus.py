@@ -255,6 +255,12 @@ ERRORS: dict[str, Bad] = {
                                    "state version [3] is not supported"),
     "state lam beyond any float": bad(resume_edited(set_key("dcgrpo", "lam", 10**400)), StateError,
                                       "state.dcgrpo.lam", "finite"),
+    "config number beyond any float": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  dcgrpo:\n    eta: "
+                                                                      f"{10**400}\n"), architecture="moe"),
+                                          ConfigError, "mismatch_ctrl.dcgrpo.eta: must be a finite number", "got 1000"),
+    "config integer beyond 64 bits": bad(lambda t: build_config({"lr_decay": {"enabled": True, "period": 2**63}}),
+                                         ConfigError, "mismatch_ctrl.lr_decay.period: must be an integer of at most 64 "
+                                         "bits", "got 9223372036854775808"),
     "config section false": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  dcgrpo: false\n"),
                                                       architecture="moe"), ConfigError,
                                 "mismatch_ctrl.dcgrpo: expected a mapping"),
@@ -278,6 +284,14 @@ ERRORS: dict[str, Bad] = {
                               InputError, "sample 0: log_probs must be a tensor, got list"),
     "rollout_log_probs None (correction hook)": bad(lambda t: correction(GEO, **tis_kwargs(rollout_log_probs=None)),
                                                     InputError, "rollout_log_probs is None"),
+    "response length beyond any token count": bad(lambda t: advantages(DCGRPO, data(total_lengths=[2**63] * 16)),
+                                                   InputError, "total_lengths[0] must be a token count, an integer "
+                                                   "from 0 to 2^53, got 9223372036854775808"),
+    "response length a string": bad(lambda t: correction(GEO, **tis_kwargs(response_lengths=["5"] * 16)), InputError,
+                                    "response_lengths[0] must be a token count", "got '5' (str)"),
+    "pg_loss 2-D": bad(lambda t: correction(GEO, **tis_kwargs(pg_loss=torch.zeros(1, sum(BATCH.response_lengths)))),
+                       InputError, "pg_loss must be slime's flat per-token loss tensor (1-D",
+                       f"got a tensor of shape (1, {sum(BATCH.response_lengths)})"),
     "loss mask 2 (advantage hook)": bad(lambda t: advantages(DCGRPO, with_token("loss_masks", 2)), InputError,
                                         "sample 0: loss mask value other than 0/1", "loss_masks=2"),
     "loss mask -1 (correction hook)": bad(lambda t: correction(GEO, **tis_kwargs(with_token("loss_masks", -1))),
@@ -352,6 +366,9 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
                                 "not UTF-8 text"),
     "check-config: mismatch_ctrl a list": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl: [a]\n"))],
                                               "expected a mapping of settings"),
+    "check-config: a number beyond any float": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  acrl:\n"
+                                                                                        f"    c_0: {10**400}\n"))],
+                                                   "mismatch_ctrl.acrl.c_0: must be a finite number"),
     "check-config: duplicate key": cli(lambda t: ["check-config", str(write(t, "mismatch_ctrl:\n  name: a\n"
                                                                               "  name: b\n"))],
                                        "duplicate key 'name'"),
@@ -380,6 +397,14 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "analyze --eps 5": cli(lambda t: ["analyze", str(t), "--eps", "5"], "--eps: must be a number > 0 and < 1.0"),
     "[works] analyze --eps 0": cli(lambda t: ["analyze", str(t), "--eps", "0"], "--eps"),
     "[works] analyze a missing directory": cli(lambda t: ["analyze", str(t / "missing")], "not a directory"),
+    "analyze --max-response-len of 401 digits": cli(lambda t: ["analyze", str(run_dir(t)), "--max-response-len",
+                                                               str(10**400)],
+                                                    "argument --max-response-len: must be an integer from 1 to 2^53"),
+    "analyze --config a directory": cli(lambda t: ["analyze", str(run_dir(t)), "--config",
+                                                   str((t / "conf.d").mkdir() or t / "conf.d")],
+                                        "conf.d: is a directory; give the YAML file"),
+    "analyze --config a device": cli(lambda t: ["analyze", str(run_dir(t)), "--config", "/dev/null"],
+                                     "/dev/null: not a regular file"),
     "analyze --out -": cli(lambda t: ["analyze", str(run_dir(t)), "--out", "-"], "--out -", "only for --json"),
     "lab --seeds 2**64": cli(lambda t: ["lab", "--seeds", str(2**64)], "--seeds", "from 0 to 4294967295"),
     "lab --report-only with training flags": cli(lambda t: ["lab", "--report-only", "--out", str(t), "--seeds", "0,1",
@@ -440,6 +465,20 @@ def test_nonfinite_rewards_give_advantage_zero_a_metric_and_one_warning(caplog):
     assert good[NONFINITE_REWARDS] == [0.0] * 16
     warnings = [r for r in caplog.records if "NaN or infinite reward" in r.getMessage()]
     assert len(warnings) == 1 and "3 of 16 samples" in warnings[0].getMessage()
+
+
+def test_numpy_integer_lengths_are_read_like_python_ints():
+    """A custom pipeline's numpy lengths are token counts too (rewards already accept numpy numbers): same advantages,
+    metrics and corrected loss as slime's Python ints."""
+    as_ints, as_numpy = data(), data(response_lengths=[np.int64(n) for n in BATCH.response_lengths],
+                                     total_lengths=[np.int32(n) for n in BATCH.total_lengths])
+    advantages(GEO, as_ints)
+    advantages(GEO, as_numpy)
+    assert all(torch.equal(a, b) for a, b in zip(as_ints["advantages"], as_numpy["advantages"]))
+    assert {k: v for k, v in as_ints.items() if k.startswith(PREFIX)} == \
+        {k: v for k, v in as_numpy.items() if k.startswith(PREFIX)}
+    (loss, _, metrics), (numpy_loss, _, numpy_metrics) = (correction(GEO, **tis_kwargs(d)) for d in (as_ints, as_numpy))
+    assert torch.equal(loss, numpy_loss) and all(torch.equal(metrics[k], numpy_metrics[k]) for k in metrics)
 
 
 def test_rewards_as_a_tensor_are_read_like_the_list():

@@ -102,6 +102,21 @@ def test_a_non_floating_pg_loss_is_refused_not_truncated(dtype):
         hooks.rollout_correction(make_args(method("token_tis")), **kwargs)
 
 
+@pytest.mark.parametrize("name", ["grpo", "token_tis", "seq_mis"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_metrics_of_a_half_precision_pg_loss_stay_finite(name, dtype):
+    """The TIS hook's metrics come in pg_loss's dtype, except float16: a log-ratio at its clamp (20) gives weights and
+    k3 of exp(20) = 4.9e8, beyond float16's 65504, which read as inf in train/mismatch_ctrl/*."""
+    kwargs = tis_kwargs()
+    kwargs["rollout_log_probs"] = [t - 30.0 for t in kwargs["rollout_log_probs"]]
+    kwargs["pg_loss"] = torch.ones(kwargs["pg_loss"].numel(), dtype=dtype)
+    out, _, metrics = hooks.rollout_correction(make_args(method(name)), **kwargs)
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    for key, value in metrics.items():
+        assert value.dtype == (torch.float32 if dtype == torch.float16 else dtype), key
+        assert bool(torch.isfinite(value).all()), key
+
+
 def test_tensors_on_other_devices_are_named():
     meta = tis_kwargs(pg_loss=torch.zeros(sum(tis_kwargs()["response_lengths"]), device="meta"))
     with pytest.raises(InputError, match="pg_loss is on meta but train_log_probs of sample 0 is on cpu"):

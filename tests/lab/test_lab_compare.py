@@ -18,7 +18,7 @@ from mismatch_ctrl.lab.model.warmup import WarmupConfig, warmup_preset
 from mismatch_ctrl.lab.results.pooling import POOLED, interactions, pooled_versus
 from mismatch_ctrl.lab.results.table import Run, RunTable
 from mismatch_ctrl.lab.sweeps import sweep
-from mismatch_ctrl.lab.sweeps.sweep import RunTask, commit_run
+from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, commit_run, digest
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
 from mismatch_ctrl.lab.training.trainer import RUN_FILE
@@ -188,6 +188,24 @@ def test_missing_empty_damaged_and_incomparable_directories_are_named(tmp_path, 
     alone = make_runs(tmp_path / "alone", {"dcgrpo@e5m2": {0: 0.6}})
     code, _, err = compare(capsys, alone)
     assert code == 2 and "nothing to compare: no run has a GRPO run on its engine" in err
+
+
+@pytest.mark.parametrize("key, value", [("seed", "0"), ("steps", 4.0), ("optimizer_steps", True)])
+def test_a_run_json_with_a_setting_of_the_wrong_type_is_a_damaged_run_not_a_traceback(tmp_path, capsys, key, value):
+    """run.json and fingerprint.json edited together (the fingerprint's sha256 recomputed): a seed "0" still names
+    the folder seed0, and used to reach the sort by seed (TypeError)."""
+    a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5, 1: 0.4}, "dcgrpo@e5m2": {0: 0.6, 1: 0.3}})
+    folder = a / "grpo@e5m2" / "seed0"
+    info = json.loads((folder / RUN_FILE).read_text())
+    info["settings"][key] = value
+    (folder / RUN_FILE).write_text(json.dumps(info))
+    fingerprint = json.loads((folder / FINGERPRINT_FILE).read_text())
+    fingerprint["inputs"]["settings"] = info["settings"]
+    fingerprint["sha256"] = digest(fingerprint["inputs"])
+    del fingerprint["files"]
+    (folder / FINGERPRINT_FILE).write_text(json.dumps(fingerprint))
+    code, _, err = compare(capsys, a)
+    assert code == 2 and f"{folder}: a damaged run" in err and f"{key} must be an integer, got {value!r}" in err
 
 
 def test_a_seed_in_several_directories_counts_once_as_the_mean_of_its_differences(tmp_path, capsys):

@@ -70,14 +70,21 @@ class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
 
 
+MAX_COUNT = 2**53
+"""The largest count an option takes (steps, rollouts, a response length): beyond it a count is not exact as a float,
+and one of hundreds of digits overflowed the float arithmetic that uses it."""
+
+
 def positive_int(text: str) -> int:
-    """An option type (``lab``, ``analyze``, the lab benchmark): an integer >= 1."""
+    """An option type (``lab``, ``analyze``, the lab benchmark): an integer from 1 to :data:`MAX_COUNT`."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {brief(text)}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 2^53, got {brief(text)}")
     return value
 
 

@@ -35,6 +35,11 @@ class LabSettings:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        for name in ("steps", "seed", "prompts_per_step", "samples_per_prompt", "optimizer_steps", "micro_batches",
+                     "eval_every", "eval_prompts", "collapse_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.optimizer_steps < 1 or self.micro_batches < 1:
             raise ValueError(f"num_steps_per_rollout (optimizer steps per rollout) and micro_batches must be >= 1, got "
                              f"{self.optimizer_steps} and {self.micro_batches}")
