@@ -243,14 +243,17 @@ def count_collectives(dp: int, cp: int, seqs: int, seed: int) -> list[dict[str, 
 
 # --- time ------------------------------------------------------------------------------------------------------------
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median process CPU time of ``fn`` (steadier than wall-clock on a shared machine; one thread)."""
-    fn()
+def median_ms(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.process_time,
+              warmup: int = 1) -> float:
+    """Median time of ``fn`` over ``repeats`` calls after ``warmup`` calls: by default process CPU time (steadier
+    than wall-clock on a shared machine; one thread)."""
+    for _ in range(warmup):
+        fn()
     samples = []
     for _ in range(repeats):
-        start = time.process_time()
+        start = clock()
         fn()
-        samples.append(time.process_time() - start)
+        samples.append(clock() - start)
     return 1e3 * statistics.median(samples)
 
 
@@ -282,14 +285,7 @@ def time_host_work(seed: int, repeats: int) -> None:
     rounds = max(20 * repeats, 100)
 
     def wall_ms(fn: Callable[[], object]) -> float:
-        for _ in range(10):
-            fn()
-        samples = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-        return 1e3 * statistics.median(samples)
+        return median_ms(fn, rounds, time.perf_counter, warmup=10)
 
     op_ms = wall_ms(lambda: tiny * 2.0)
     print(f"\nhost work per call: 512 tokens in 8 responses, wall time (median of {rounds}), in tiny ops "

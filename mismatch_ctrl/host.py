@@ -53,18 +53,17 @@ def fetch(*tensors: torch.Tensor) -> list[float]:
 
 
 def _values(tensors: Sequence[torch.Tensor]) -> list[float]:
-    """The values of tensors of one device, flattened in order, in one transfer."""
-    if not tensors:
-        return []
-    if len({t.dtype for t in tensors}) > 1:  # joined in float64, not a common dtype (float32 would round counts)
-        tensors = [t.to(torch.float64) for t in tensors]
-    if len(tensors) == 1:
-        values = tensors[0].reshape(-1)
-    elif all(t.dim() == 0 for t in tensors):
-        values = torch.stack(list(tensors))  # one op, promoting to a common dtype
+    """The values of tensors of one device, flattened in order, in one transfer: joined straight into float64 (a
+    common dtype such as float32 would round counts above 2^24)."""
+    if len(tensors) <= 1:
+        return tensors[0].reshape(-1).to(torch.float64).tolist() if tensors else []
+    scalars = all(t.dim() == 0 for t in tensors)
+    out = tensors[0].new_empty(sum(t.numel() for t in tensors), dtype=torch.float64)
+    if scalars:
+        torch.stack(list(tensors), out=out)
     else:
-        values = torch.cat([t.reshape(-1) for t in tensors])
-    return values.to(torch.float64).tolist()
+        torch.cat([t.reshape(-1) for t in tensors], out=out)
+    return out.tolist()
 
 
 def to_device(data: np.ndarray | Sequence[float] | torch.Tensor, device: torch.device,
