@@ -153,7 +153,7 @@ def throughput(policy: str, device: str, steps: int, out: Path, timeout: float, 
     rates = run_rates(folder)
     if rates:
         result["rollouts_per_s"] = round(rates[0], 2)
-    result["warmups"] = warmups(result["tail"])
+    result["warmups"] = warmups(log.read_text(errors="replace"))
     return result
 
 
