@@ -106,7 +106,9 @@ POLICY_WARMUP: dict[str, dict[str, object]] = {"moe-large": {"lr": 5e-4, "steps"
 the small policies' lr 3e-3 its loss stalls near 1.7 and the warm-up ended at max_steps=500 with sample accuracy
 0.01 (an H200, 2026-11-26). At lr 5e-4 the sample accuracy (128 prompts x 2 samples, on the CPU) crossed 0.2 at
 125-150 steps with seed 0 and at 200-225 with seed 1 (then 0.5-0.6 by 250-350); at 1e-3 it was 0.02 after 125 steps
-(seed 0). So it trains 100 steps, then in chunks of 10 up to the 0.2 target."""
+(seed 0). So it trains 100 steps, then in chunks of 10 up to the 0.2 target. Every seed of the ``gpu-moe`` preset
+(40-47) reached it on the CPU in 130-190 steps (sample accuracy 0.21-0.35, greedy 0.44-0.69; 3-4 min each on one
+thread, 2026-11-27; docs/lab-offpolicy.md#at-50x-the-parameters-on-a-gpu)."""
 
 
 def warmup_preset(task: str, policy: str = "moe", seed: int = 0) -> WarmupConfig:
