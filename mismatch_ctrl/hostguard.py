@@ -51,7 +51,7 @@ NO_HOST_SCALARS = frozenset({"cat", "stack", "hstack", "vstack", "copy_"})
 INDEX_ARGUMENTS = {name: (position, keyword) for names, position, keyword in (
     (("index_select", "index_add", "index_add_", "index_copy", "index_copy_", "index_fill", "index_fill_", "gather",
       "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"), 2, "index"),
-    (("take", "take_along_dim"), 1, "index"), (("masked_fill", "masked_fill_"), 1, "mask"),
+    (("take",), 1, "index"), (("take_along_dim",), 1, "indices"), (("masked_fill", "masked_fill_"), 1, "mask"),
 ) for name in names}
 """Ops whose index (or mask) CUDA wants on the device even when it is 0-d: its position in the call and keyword."""
 

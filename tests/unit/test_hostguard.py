@@ -116,10 +116,12 @@ def test_their_fixed_forms_pass(device_tensor):
     lambda t: t.index_select(0, torch.tensor(1)), lambda t: t.masked_fill(torch.tensor(True), 0.0),
     lambda t: torch.gather(t, 0, torch.tensor([1])), lambda t: t.index_add_(0, torch.tensor(2), t[:1]),
     lambda t: torch.take(t, torch.tensor(3)), lambda t: t.masked_fill(mask=torch.tensor(False), value=1.0),
-], ids=["index_select-0d", "masked_fill-0d", "gather", "index_add-0d", "take-0d", "masked_fill-keyword"])
+    lambda t: torch.take_along_dim(t, indices=torch.tensor([1])),
+], ids=["index_select-0d", "masked_fill-0d", "gather", "index_add-0d", "take-0d", "masked_fill-keyword",
+        "take_along_dim-keyword"])
 def test_a_host_index_or_mask_is_refused_even_0d(device_tensor, index):
     """CUDA takes a 0-d host tensor as a scalar operand, not as an index or a mask."""
-    with HostGuard(), pytest.raises(HostTransferError, match="host tensor as the (index|mask)"):
+    with HostGuard(), pytest.raises(HostTransferError, match="host tensor as the (index|indices|mask)"):
         index(device_tensor)
 
 
