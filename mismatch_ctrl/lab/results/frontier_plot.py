@@ -1,7 +1,8 @@
 """``plots/frontier.png``: the frontier (``frontier.frontier``) drawn against the engines' measured mismatch. Every
-point sits exactly at its engine's x; lines are told apart by their style (``style.line_style``), and the engines'
-names on the top axis alternate between two rows, or nearly equal ones share a tick, where they would overprint
-(``dose_ticks``), measured on the rendered figure."""
+point sits exactly at its engine's x; lines are told apart by their style (``style.line_style``), markers of lines
+with equal collapse rates at one engine nest (``nested_markers``), and the engines' names on the top axis alternate
+between two rows, or nearly equal ones share a tick, where they would overprint (``dose_ticks``), measured on the
+rendered figure."""
 
 from __future__ import annotations
 
@@ -97,6 +98,26 @@ def label_rows(fig: Any, axes: list[Any], pad: float = 4.0) -> Callable[[list[tu
     return fits
 
 
+RING = 6
+"""How much larger (in points) each nested marker is than the one inside it."""
+
+
+def nested_markers(lines: list[str], points: list[dict[str, Any]]) -> dict[str, list[tuple[str, float, int]]]:
+    """Where lines share a collapse rate at one engine (their markers would hide each other): for each such line but
+    the last drawn, ``(dose, rate, k)``: its marker is drawn again beneath, :data:`RING` x k larger, k the number of
+    lines drawn after it there, so the markers nest (the first line outermost) and every line's shows."""
+    sharing: dict[tuple[str, float], list[str]] = {}
+    for line in lines:
+        for p in points:
+            if p["line"] == line:
+                sharing.setdefault((p["dose"], p["collapse_rate"]), []).append(line)
+    out: dict[str, list[tuple[str, float, int]]] = {}
+    for (dose, rate), shared in sharing.items():
+        for k, line in enumerate(shared[:-1]):
+            out.setdefault(line, []).append((dose, rate, len(shared) - 1 - k))
+    return out
+
+
 def frontier_figure(found: dict[str, Any]) -> Any:
     """The frontier's figure: per ``GAPS`` quantity the paired gap against the exact engine (mean, 95% t interval as
     an error bar) against the dose's measured mismatch on a log axis, one line per method (``style.line_style``) with
@@ -125,11 +146,16 @@ def frontier_figure(found: dict[str, Any]) -> Any:
         ax.set_title(f"{name}: run - exact engine, paired per seed", fontsize=9)
         ax.set_ylabel(f"{name} gap")
     ax = axes[-1]
+    rings = nested_markers(lines, found["points"])
     for line in lines:
         pts = [p for p in found["points"] if p["line"] == line]
         ax.plot([x[p["dose"]] for p in pts], [p["collapse_rate"] for p in pts], label=line, **line_style(line))
+        drawn = line_style(line)
+        for dose, rate, outside in rings.get(line, []):  # beneath every line: the smaller markers stay on top
+            ax.plot([x[dose]], [rate], zorder=1.5 - outside / 100, clip_on=False,
+                    **{**drawn, "ms": drawn["ms"] + RING * outside, "ls": "none"})
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title("share of seeds that collapsed", fontsize=9)
+    ax.set_title("share of seeds that collapsed" + (" (nested markers: equal rates)" if rings else ""), fontsize=9)
     ax.set_ylabel("collapse rate")
     seeds = sorted({p["seeds"] for p in found["points"]})
     log = min(x.values()) > 0  # every engine measured at 0 (a degenerate lab): a linear axis
