@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -35,11 +35,11 @@ class LabSettings:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("steps", "seed", "prompts_per_step", "samples_per_prompt", "optimizer_steps", "micro_batches",
-                     "eval_every", "eval_prompts", "collapse_window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for field in fields(self):  # every integer setting, from its annotation (a run.json may hold "0" or 4.0)
+            value = getattr(self, field.name)
+            if field.type in ("int", "int | None") and not (value is None and field.type == "int | None") and \
+                    (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{field.name} must be an integer, got {value!r}")
         if self.optimizer_steps < 1 or self.micro_batches < 1:
             raise ValueError(f"num_steps_per_rollout (optimizer steps per rollout) and micro_batches must be >= 1, got "
                              f"{self.optimizer_steps} and {self.micro_batches}")
