@@ -193,7 +193,7 @@ def check_slime_args(args: Any, config: Config) -> None:
             raise ConfigError(f"lr_decay scales --lr, which must be a finite number > 0, got {brief(lr)}")
         if min_lr is not None and not (_finite(min_lr) and min_lr >= 0):
             raise ConfigError(f"lr_decay scales --min-lr, which must be a finite number >= 0, got {brief(min_lr)}")
-    longest = getattr(args, "rollout_max_response_len", None)
+    longest = getattr(args, "rollout_max_response_len", None)  # slime/utils/arguments.py: type=int, default None
     if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 1):
         raise ConfigError(f"--rollout-max-response-len must be an integer >= 1 (the length-surge detector caps its "
                           f"threshold by it), got {brief(longest)}")
