@@ -1,7 +1,8 @@
 """What one call of each slime hook costs on a CUDA GPU: host synchronisations and time, against one pass.
 
 - **host syncs**: synchronisations the CUDA runtime reports during one call (``torch.cuda.set_sync_debug_mode``),
-  for two batch sizes of each case: the count must not grow with the number of sequences.
+  for two batch sizes of each case: the count must not grow with the number of sequences. A case over budget also
+  prints where each synchronisation happened.
 - **time**: median wall time of one call, the device synchronised before and after (what the call holds up the
   training step), over ``--repeats`` calls after warm-up calls; next to one **pass** over the same log-probs,
   ``(exp(a) - exp(b)).abs().sum()``, the least any hook must read.
@@ -29,7 +30,6 @@ import logging
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not ins
     sys.path.insert(0, str(ROOT))
 
 from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # noqa: E402 (benchmarks/)
+from mismatch_ctrl import host  # noqa: E402
 from mismatch_ctrl.lab.sweeps.options import positive_int  # noqa: E402
 
 SLIME_MIS = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",
@@ -78,17 +79,12 @@ def hook(kind: str, settings: str, seqs: int, min_len: int, max_len: int, seed: 
     return call, a.numel(), lambda: (torch.exp(a) - torch.exp(b)).abs().sum()
 
 
-def syncs(call: Callable[[], object]) -> int:
-    """Host synchronisations the CUDA runtime reports during one call."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            call()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchronizing" in str(w.message) for w in caught)
+def sync_sites(call: Callable[[], object]) -> list[str]:
+    """Where the CUDA runtime reports a host synchronisation during one call (:func:`mismatch_ctrl.host.cuda_syncs`):
+    one entry per synchronisation."""
+    with host.cuda_syncs() as sites:
+        call()
+    return sites
 
 
 def median_ms(call: Callable[[], object], repeats: int) -> float:
@@ -108,8 +104,10 @@ def measure(repeats: int, seed: int) -> list[dict[str, Any]]:
     for kind, settings, (seqs, min_len, max_len), other in CASES:
         call, tokens, one_pass = hook(kind, settings, seqs, min_len, max_len, seed)
         other_call, _, _ = hook(kind, settings, other, min_len, max_len, seed + 1)
+        sites, sites_other = sync_sites(call), sync_sites(other_call)
         row = {"hook": kind, "settings": settings, "responses": seqs, "lengths": [min_len, max_len], "tokens": tokens,
-               "syncs": syncs(call), "syncs_other": syncs(other_call), "responses_other": other,
+               "syncs": len(sites), "syncs_other": len(sites_other), "responses_other": other,
+               "sync_sites": sites, "sync_sites_other": sites_other,
                "ms": median_ms(call, repeats), "pass_ms": median_ms(one_pass, repeats)}
         target = TARGETS[kind]
         row["syncs_ok"] = row["syncs"] <= target["syncs"] and row["syncs"] == row["syncs_other"]
@@ -128,6 +126,10 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"{r['hook']:11s}{r['settings']:16s}{r['responses']:10d}{r['tokens']:11,d}{r['syncs']:7d}"
                      f"{str(r['syncs_other']) + ' @' + str(r['responses_other']):>12s}{r['ms']:9.3f}"
                      f"{r['pass_ms']:8.3f}{r['ms'] / r['pass_ms']:8.1f}  {'; '.join(verdicts)}")
+    for r in rows:  # where each synchronisation of a case over budget happened
+        if not r["syncs_ok"]:
+            for responses, sites in ((r["responses"], r["sync_sites"]), (r["responses_other"], r["sync_sites_other"])):
+                lines += [f"  sync, {r['hook']} {r['settings']} @{responses}: {site}" for site in sites]
     return lines
 
 

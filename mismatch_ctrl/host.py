@@ -13,6 +13,9 @@ two calls and refuses every other transfer, so a CPU-only test finds what a GPU 
 from __future__ import annotations
 
 import contextlib
+import traceback
+import warnings
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -78,3 +81,45 @@ def to_device(data: np.ndarray | Sequence[float] | torch.Tensor, device: torch.d
         if torch.device(device).type != "cuda":
             return host.to(device, copy=True)
         return host.pin_memory().to(device, non_blocking=True)
+
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def cuda_syncs(frames: int = 4) -> Iterator[list[str]]:
+    """The host synchronisations the CUDA runtime reports inside the block (``torch.cuda.set_sync_debug_mode``), one
+    entry each: the Python frames that led to it, innermost first (at most ``frames``, this package's frames
+    preferred), as ``file:line function``, so a count over budget names its sites. The device is synchronised
+    before the block; the other warnings of the block are shown as usual.
+
+    What the mode switch itself reports is not the block's and is not counted: on an H200 (torch 2.11), the first
+    switch to ``warn`` in a process reported one synchronisation at the switch, before any code of the block ran."""
+    sites: list[str] = []
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True):  # the switch's own report
+            torch.cuda.set_sync_debug_mode("warn")
+        show = warnings.showwarning
+
+        def record(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
+                   line: str | None = None) -> None:
+            if "synchroniz" not in str(message):
+                show(message, category, filename, lineno, file, line)
+                return
+            stack = [f for f in traceback.extract_stack()[:-1] if f.filename != warnings.__file__]
+            sites.append(_site(stack, frames))
+
+        warnings.showwarning = record
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+
+def _site(stack: list[traceback.FrameSummary], frames: int) -> str:
+    """``file:line function`` of the innermost ``frames`` frames of ``stack`` in this package (of any file, where
+    none is), innermost first."""
+    ours = [f for f in stack if Path(f.filename).resolve().is_relative_to(_PACKAGE)] or stack
+    return " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(ours[-frames:]))

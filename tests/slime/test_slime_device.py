@@ -12,14 +12,14 @@ and ``torch.cuda.set_sync_debug_mode`` counts the real synchronisations.
 from __future__ import annotations
 
 import contextlib
-import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import pytest
 import torch
 from slime_data import FULL, METHODS_DIR, PREFIX, View, make_args, make_batch, method, micro_batches, rollout_data
 
+from mismatch_ctrl import host
 from mismatch_ctrl.dist import Reducers
 from mismatch_ctrl.hostguard import HostGuard
 from mismatch_ctrl.slime import advantage, hooks, tis
@@ -33,9 +33,10 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 class Syncs:
-    """A counting context: ``syncs`` after the block."""
+    """A counting context: ``syncs`` (and, on CUDA, ``sites``: where each happened) after the block."""
 
     syncs = 0
+    sites: Sequence[str] = ()
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[Syncs]:
@@ -51,19 +52,13 @@ class GuardSyncs(Syncs):
 
 
 class CudaSyncs(Syncs):
-    """Synchronisations the CUDA runtime reports (``torch.cuda.set_sync_debug_mode('warn')``)."""
+    """Synchronisations the CUDA runtime reports (:func:`mismatch_ctrl.host.cuda_syncs`), with their sites."""
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[Syncs]:
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                yield self
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        self.syncs = sum("synchronizing" in str(w.message) for w in caught)
+        with host.cuda_syncs() as sites:
+            yield self
+        self.syncs, self.sites = len(sites), sites
 
 
 def moved(value: Any, device: str) -> Any:
@@ -83,13 +78,14 @@ def run_hooks(name: str, device: str, groups: int, count: Syncs, view: View = FU
     call."""
     args = make_args(method(name))
     out: dict[str, list[Any]] = {key: [] for key in ("advantages", "rollout_metrics", "pg_loss", "masks",
-                                                     "train_metrics", "advantage_syncs", "tis_syncs")}
+                                                     "train_metrics", "advantage_syncs", "tis_syncs", "sites")}
     for r in range(ROLLOUTS):
         batch = make_batch(seed=100 + r, groups=groups)
         data = moved(rollout_data(batch, view), device)
         with count() as counted:
             hooks.advantages(args, data)
         out["advantage_syncs"].append(counted.syncs)
+        out["sites"] += [f"rollout {r} advantages: {site}" for site in counted.sites]
         out["advantages"].append(moved(data["advantages"], "cpu"))
         out["rollout_metrics"].append({k: v for k, v in data.items() if k.startswith(PREFIX)})
         losses = torch.randn(len(data["rewards"]), 2, generator=torch.Generator().manual_seed(r))
@@ -103,6 +99,7 @@ def run_hooks(name: str, device: str, groups: int, count: Syncs, view: View = FU
                     rollout_log_probs=pick("rollout_log_probs"), loss_masks=pick("loss_masks"),
                     total_lengths=pick("total_lengths"), response_lengths=pick("response_lengths"))
             out["tis_syncs"].append(counted.syncs)
+            out["sites"] += [f"rollout {r} TIS: {site}" for site in counted.sites]
             assert new_loss.device == pg_loss.device and all(m.device == pg_loss.device for m in masks)
             assert all(v.device == pg_loss.device for v in metrics.values())
             out["pg_loss"].append(new_loss.detach().cpu())
@@ -168,6 +165,7 @@ def test_hooks_on_cuda_equal_the_cpu_with_few_host_syncs(name):
     small = run_hooks(name, "cuda", 2, CudaSyncs())
     for key in ("advantages", "rollout_metrics", "pg_loss", "masks", "train_metrics"):
         assert_same(gpu[key], cpu[key], key, tolerance=1e-6)
-    assert max(gpu["advantage_syncs"]) <= ADVANTAGE_SYNCS, gpu["advantage_syncs"]
-    assert max(gpu["tis_syncs"]) <= TIS_SYNCS, gpu["tis_syncs"]
-    assert small["advantage_syncs"] == gpu["advantage_syncs"] and small["tis_syncs"] == gpu["tis_syncs"]
+    where = "\n".join(["sites, 64 sequences:", *gpu["sites"], "sites, 8 sequences:", *small["sites"]])
+    assert max(gpu["advantage_syncs"]) <= ADVANTAGE_SYNCS, f"{gpu['advantage_syncs']}\n{where}"
+    assert max(gpu["tis_syncs"]) <= TIS_SYNCS, f"{gpu['tis_syncs']}\n{where}"
+    assert small["advantage_syncs"] == gpu["advantage_syncs"] and small["tis_syncs"] == gpu["tis_syncs"], where

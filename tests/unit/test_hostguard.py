@@ -3,6 +3,8 @@ for, and counts the transfers made through :mod:`mismatch_ctrl.host`."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -153,3 +155,32 @@ def test_fetch_reads_each_device_once_and_keeps_the_order(monkeypatch):
                      torch.empty((), device="meta"))
     assert got == [1.0, 2.0, -1.0, -1.0, 3.0, -1.0]
     assert calls == [["cpu", "cpu"], ["meta", "meta"]]
+
+
+def test_cuda_syncs_names_the_site_of_each_synchronisation_and_shows_other_warnings(monkeypatch):
+    """The recorder behind the CUDA sync counts, with the CUDA runtime's warning stood in for: a read inside
+    :func:`host.fetch` is reported at its line in this package, innermost first; a sync from code outside the package
+    at the caller's line; another warning is shown as usual, not counted, and so is the mode switch's own report."""
+    modes = []
+
+    def switch(mode):  # as torch 2.11 did on an H200: the first switch to "warn" reports one sync itself
+        if not modes:
+            warnings.warn("called a synchronizing CUDA operation", UserWarning)
+        modes.append(mode)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", switch)
+    tolist = torch.Tensor.tolist
+
+    def syncing_tolist(self):
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", syncing_tolist)
+    with pytest.warns(RuntimeWarning, match="unrelated"), host.cuda_syncs() as sites:
+        assert host.fetch(torch.ones(2), torch.zeros(())) == [1.0, 1.0, 0.0]
+        warnings.warn("unrelated", RuntimeWarning)
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+    assert modes == ["warn", 0] and len(sites) == 2
+    assert sites[0].startswith("host.py:") and " _values < host.py:" in sites[0] and sites[0].endswith(" fetch")
+    assert sites[1].startswith("test_hostguard.py:") and "test_cuda_syncs_names_the_site" in sites[1]
