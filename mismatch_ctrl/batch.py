@@ -223,8 +223,9 @@ class TokenBatch:
         """Validate flat ``[T]`` tensors against ``segments``, check the mask and guard unusable log-probs.
 
         The checks cost one host transfer (:func:`mismatch_ctrl.host.fetch`; one more on the rare path where a
-        log-prob is unusable). ``watch(mask)``, given the float loss mask before the guard, returns 0-d tensors the
-        caller needs on the host: they are read in that same transfer, into ``watched``."""
+        log-prob is unusable: NaN/inf, or above 0 by more than ``LOG_PROB_TOLERANCE``). ``watch(mask)``, given the
+        float loss mask before the guard, returns 0-d tensors the caller needs on the host: they are read in that same
+        transfer, into ``watched``."""
         for name, t in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs), ("mask", mask)):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -277,7 +278,9 @@ class TokenBatch:
                 usable = finite & ~impossible
                 trained = mask > 0
                 bad, impossible = ~usable & trained, impossible & trained
-                dropped = host.fetch(bad.any())[0] > 0
+                # every log-prob finite and above 0 by rounding at most: nothing is dropped, known without a read
+                rounding = math.isfinite(low_t) and math.isfinite(low_r) and max(top_t, top_r) <= LOG_PROB_TOLERANCE
+                dropped = not rounding and host.fetch(bad.any())[0] > 0
                 if nonfinite == "error" and dropped:
                     first = _first(bad)
                     above, train_value, rollout_value = host.fetch(impossible[first], train[first], rollout[first])

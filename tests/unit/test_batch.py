@@ -14,6 +14,7 @@ from mismatch_ctrl.batch import Segments, TokenBatch
 from mismatch_ctrl.correction import apply_correction
 from mismatch_ctrl.dcgrpo import DCGRPOSettings
 from mismatch_ctrl.errors import InputError
+from mismatch_ctrl.hostguard import HostGuard
 from mismatch_ctrl.presets import PRESETS
 
 from .inputs import raw_batches
@@ -156,6 +157,24 @@ def test_impossible_log_probs_are_dropped_and_counted_and_rounding_reads_as_zero
     for name, value in clean.items():
         if name != "nonfinite_tokens":
             assert summary[name] == pytest.approx(value, rel=1e-6), name
+
+
+def test_rounding_above_zero_costs_no_second_host_read_and_reads_as_zero():
+    """Log-probs above 0 by at most LOG_PROB_TOLERANCE (an engine's rounding of a near-certain token) are clamped to 0
+    after the one host read of the checks: the read already shows that nothing is dropped. An impossible value still
+    costs the second read (which trained tokens to drop)."""
+    train = [torch.tensor([-0.5, 4e-4]), torch.tensor([-0.2, -0.1, -3.0])]
+    rollout = [torch.tensor([-0.6, -1e-3]), torch.tensor([-0.2, -0.3, 2e-4])]
+    masks = [torch.ones(2), torch.ones(3)]
+    with HostGuard() as guard:
+        batch = TokenBatch.from_lists(train, rollout, masks)
+    assert guard.syncs == 1 and not batch.dropped
+    assert batch.train_log_probs.tolist()[1] == 0.0 and batch.rollout_log_probs.tolist()[4] == 0.0
+    assert batch.mask.tolist() == [1.0] * 5 and batch.nonfinite.tolist() == batch.impossible.tolist() == [0, 0]
+    train[1][1] = 0.5
+    with HostGuard() as guard, pytest.warns(RuntimeWarning, match="impossible"):
+        batch = TokenBatch.from_lists(train, rollout, masks)
+    assert guard.syncs == 2 and batch.dropped and batch.impossible.tolist() == [0, 1]
 
 
 def test_impossible_log_prob_with_the_error_policy_names_the_sample():
