@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -36,12 +35,13 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=120)
 
 
 def run_phase(phase: dict[str, Any], out: Path) -> None:
-    """One phase: ``{"name", "world", "tp", "cp", "pp", "rank", "port", "scenarios"}`` (world 0: no process group)."""
+    """One phase: ``{"name", "world", "tp", "cp", "pp", "rank", "store", "scenarios"}`` (world 0: no process group;
+    ``store``: the world's ``file://`` rendezvous)."""
     world, rank = phase["world"], phase["rank"]
     view, barrier = View(), (lambda: None)
     if world:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(phase["port"]))
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group("gloo", init_method=phase["store"], rank=rank, world_size=world,
+                                timeout=COLLECTIVE_TIMEOUT)
         ps.initialize_model_parallel(tensor_model_parallel_size=phase["tp"], pipeline_model_parallel_size=phase["pp"],
                                      context_parallel_size=phase["cp"])
         view = View(ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_context_parallel_rank(),

@@ -4,8 +4,10 @@ Importing megatron costs seconds of CPU per process, so one launcher (``slime_wo
 four processes that serve all worlds in turn (:data:`PHASES`): world 4 as DP 2 x CP 2, then as PP 2 x CP 2 (the LR
 scenarios only), as TP 2 x DP 2 and as TP 2 x CP 2 (the flagship's tensor parallelism: the advantage and correction
 scenarios), world 2 as CP 2, world 1 as TP = PP = CP = 1, and the lab phase (megatron imported, no process group).
-Each world gets its own free port. The launcher stops everything when a process fails or at its deadline; the pytest
-process waits a little longer, then ends the launcher's session (process group) itself.
+Each world meets through its own file store (``init_method="file://..."``) in the session's result directory, not a
+TCP port: test sessions running side by side (``pytest -n``) cannot take each other's port. The launcher stops
+everything when a process fails or at its deadline; the pytest process waits a little longer, then ends the
+launcher's session (process group) itself.
 
 The launcher runs with this checkout first on ``PYTHONPATH``, so it imports the code under test even where another
 copy of ``mismatch_ctrl`` is installed; :meth:`Worlds.results` checks the file each rank imported, so every test that
@@ -17,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -70,19 +71,14 @@ class WorkerFailure(AssertionError):
     """A spawned rank failed, timed out or never produced the result a test asked for."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def plan() -> list[list[dict[str, Any]]]:
-    """The phases of each process, each world on its own free port (see the module docstring)."""
+def plan(out: Path) -> list[list[dict[str, Any]]]:
+    """The phases of each process, each world meeting through its own file store under ``out`` (see the module
+    docstring)."""
     processes: list[list[dict[str, Any]]] = [[] for _ in range(max(p.size for p in PHASES))]
     for phase in PHASES:
-        port = free_port() if phase.size else 0
-        common = {"name": phase.name, "world": phase.size, "tp": phase.tp, "cp": phase.cp, "pp": phase.pp, "port": port,
-                  "scenarios": [s for s in phase.scenarios if s != "bad_input_cp" or phase.cp > 1]}
+        store = f"file://{out / f'{phase.name}.store'}" if phase.size else ""
+        common = {"name": phase.name, "world": phase.size, "tp": phase.tp, "cp": phase.cp, "pp": phase.pp,
+                  "store": store, "scenarios": [s for s in phase.scenarios if s != "bad_input_cp" or phase.cp > 1]}
         if phase.size == 0:
             processes[1].append(dict(common, rank=0))
         for rank in range(phase.size):
@@ -101,7 +97,7 @@ class Worlds:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=path)
         with open(self.log, "wb") as f:
             self.proc = subprocess.Popen(
-                [sys.executable, str(WORKER), "--out", str(out), "--plan", json.dumps(plan()),
+                [sys.executable, str(WORKER), "--out", str(out), "--plan", json.dumps(plan(out)),
                  "--deadline", str(DEADLINE_SECONDS)],
                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=WORKER.parent, start_new_session=True)
 
