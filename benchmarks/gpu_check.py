@@ -7,10 +7,12 @@ Steps, each bounded in time, in this order (a step that fails or runs out of tim
    synchronisations counted by the CUDA runtime (tests/slime/test_slime_device.py), a few lab rollouts of every kind
    of run on CUDA (tests/lab/test_lab_cuda.py);
 3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets;
-4. lab throughput: rollouts per second of one ``grpo@e4m3`` run of the small ``moe`` and of the 5.3M-parameter
-   ``moe-large`` policy on CUDA and on the CPU (``--steps`` rollouts on CUDA; the first rollout, with the step-0
-   evaluation, and the last, with the final one, are not timed), and whether ``--device auto``
-   (``lab.training.settings.auto_device``) picks the faster device for each;
+4. lab throughput: rollouts per second of the demo's six runs at once (``grpo@none``, ``grpo``, ``grpo+r3``,
+   ``dcgrpo``, ``token_tis``, ``geo_rs_e4m3``; one seed) of the small ``moe`` and of the 5.3M-parameter
+   ``moe-large`` policy on CUDA and on the CPU, summed over the runs (``--steps`` rollouts each on CUDA; the first
+   rollout, with the step-0 evaluation, and the last, with the final one, are not timed), and whether ``--device
+   auto`` (``lab.training.settings.auto_device``) follows its rule at that load: CUDA where it is at least
+   ``AUTO_CUDA_MARGIN`` times as fast as the CPU;
 5. the ``gpu-moe`` preset on two seeds with ``--jobs`` concurrent runs on the one GPU: each run's rollouts per second
    while sharing it, the time the whole preset would take, and the ``moe-large`` warm-ups (steps to the accuracy
    target, seconds).
@@ -22,9 +24,9 @@ The report is rewritten after every step (and a line printed), so a run cut shor
 step starts from an empty folder (the warm-up cache, ``OUT/cache``, is kept): a rerun measures again. A step that
 runs out of time is stopped with every process it started (the lab's workers hold the GPU). Runs from the source
 tree (``PYTHONPATH`` is set for the children), without a virtual environment: the device machine's ``python3`` has
-torch, numpy, matplotlib, PyYAML, pytest and hypothesis. On a lent device, copy the small files back:
-``cp runs/gpu-check/*.md runs/gpu-check/*.json runs/gpu-check/*.log "$OUT"/`` (the folder also holds warm-up
-caches of ~20 MB per ``moe-large`` seed).
+torch, numpy, matplotlib, PyYAML, pytest and hypothesis. On a lent device, bring the small files back in one
+(a lease returns at most 8 files): ``tar czf "$OUT"/gpu-check.tgz runs/gpu-check/*.md runs/gpu-check/*.json
+runs/gpu-check/*.log`` (the folder also holds warm-up caches of ~20 MB per ``moe-large`` seed).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not installed (the device machine's python3)
     sys.path.insert(0, str(ROOT))
 
-from mismatch_ctrl.lab.sweeps.options import LAB_PRESETS, positive_int  # noqa: E402
-from mismatch_ctrl.lab.training.settings import auto_device  # noqa: E402
+from mismatch_ctrl.lab.sweeps.options import DEFAULT_METHODS, LAB_PRESETS, positive_int  # noqa: E402
+from mismatch_ctrl.lab.training.settings import AUTO_CUDA_MARGIN, auto_device  # noqa: E402
 
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
@@ -56,7 +58,10 @@ SHARES = {"CUDA tests": 0.27, "hook benchmark": 0.12, "moe on cuda": 0.07, "moe 
 """Each step's share of the budget (the ``moe-large`` run on CUDA includes its warm-up, cached for the later steps);
 the ``gpu-moe`` sweep gets what is left."""
 CPU_LARGE_STEPS = 3
-"""Rollouts of the ``moe-large`` run on the CPU (one thread): one is timed."""
+"""Rollouts of each ``moe-large`` run on the CPU (one thread each): one is timed."""
+LAB_JOBS = len(DEFAULT_METHODS.split(","))
+"""Runs at once in the throughput steps: the demo's methods, as ``make demo`` runs them (on the CPU one process per
+core, on the GPU all sharing it), so that ``--device auto`` is judged at the lab's own load."""
 
 
 def run(command: list[str], timeout: float, log: Path) -> dict[str, Any]:
@@ -145,14 +150,17 @@ def fresh(folder: Path) -> Path:
 
 
 def throughput(policy: str, device: str, steps: int, out: Path, timeout: float, log: Path) -> dict[str, Any]:
-    """One ``grpo@e4m3`` lab run of ``policy`` on ``device``; its :func:`rollout_rate`."""
+    """The demo's :data:`LAB_JOBS` runs of ``policy`` on ``device`` at once (one seed): the sum of their
+    :func:`rollout_rate` values, the lab's rollouts per second at the load ``make demo`` puts on it; none unless
+    every run finished."""
     folder = fresh(out / f"{policy}-{device}")
     result = run([sys.executable, "-m", "mismatch_ctrl", "lab", "--out", str(folder), "--policy", policy,
-                  "--device", device, "--methods", "grpo", "--quant", "e4m3", "--steps", str(steps),
-                  "--seeds", "40", "--eval-every", "1000", "--cache-dir", str(out / "cache")], timeout, log)
+                  "--device", device, "--methods", DEFAULT_METHODS, "--quant", "e4m3", "--steps", str(steps),
+                  "--seeds", "40", "--jobs", str(LAB_JOBS), "--eval-every", "1000", "--cache-dir", str(out / "cache")],
+                 timeout, log)
     rates = run_rates(folder)
-    if rates:
-        result["rollouts_per_s"] = round(rates[0], 2)
+    if len(rates) == LAB_JOBS:
+        result["rollouts_per_s"] = round(sum(rates), 2)
     result["warmups"] = warmups(log.read_text(errors="replace"))
     return result
 
@@ -176,6 +184,19 @@ def sweep(steps: int, jobs: int, out: Path, timeout: float, log: Path) -> dict[s
                             f"would train for about {runs * preset['steps'] / (jobs * rate):.0f} s after its "
                             f"{len(preset['seeds'])} warm-ups")
     return result
+
+
+def device_verdict(policy: str, rates: dict[str, float | None], chosen: str) -> str:
+    """Whether ``--device auto``'s pick ``chosen`` for ``policy`` follows its rule on the measured ``rates``: CUDA
+    where it is at least :data:`AUTO_CUDA_MARGIN` times as fast as the CPU, else the CPU."""
+    line = f"{policy}: cpu {rates['cpu']} / cuda {rates['cuda']} rollouts/s"
+    if not (rates["cpu"] and rates["cuda"]):
+        return f"{line}; auto picks {chosen} (not judged: a rate is missing)"
+    ratio = rates["cuda"] / rates["cpu"]
+    due = "cuda" if ratio >= AUTO_CUDA_MARGIN else "cpu"
+    verdict = "ok" if chosen == due else f"FAIL: the rule asks for {due}"
+    return (f"{line} (cuda {ratio:.2f}x); auto picks {chosen}: {verdict} (cuda where at least {AUTO_CUDA_MARGIN:g}x "
+            "as fast)")
 
 
 def report(results: dict[str, Any]) -> str:
@@ -258,10 +279,7 @@ def main() -> int:
                 args.out, left(SHARES[f"{policy} on {device}"]), args.out / f"lab-{policy}-{device}.log")
             rates[device] = step.get("rollouts_per_s")
             save(name)
-        chosen = auto_device(policy, "add")
-        faster = max(rates, key=lambda d: rates[d] or 0.0) if all(rates.values()) else None
-        verdict = "" if faster is None else " (the faster)" if chosen == faster else f" (FAIL: {faster} is faster)"
-        picks.append(f"{policy}: cpu {rates['cpu']} / cuda {rates['cuda']} rollouts/s; auto picks {chosen}{verdict}")
+        picks.append(device_verdict(policy, rates, auto_device(policy, "add")))
         results["auto_device"] = picks
     steps["gpu-moe sweep"] = sweep(args.steps, args.jobs, args.out, left(1.0), args.out / "gpu-moe.log")
     results["finished"] = True

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mismatch_ctrl.hostguard import HostGuard
+from mismatch_ctrl.lab.sweeps.options import DEFAULT_METHODS
 from mismatch_ctrl.lab.sweeps.run import run_lab
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
@@ -29,12 +30,12 @@ def test_bench_gpu_measures_every_case_and_judges_the_targets(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench_gpu, "on_gpu", lambda view: view)
 
-    def guarded_syncs(call):
+    def guarded_sites(call):
         with HostGuard() as guard:
             call()
-        return guard.syncs
+        return [f"fetch {k}" for k in range(guard.syncs)]
 
-    monkeypatch.setattr(bench_gpu, "syncs", guarded_syncs)
+    monkeypatch.setattr(bench_gpu, "sync_sites", guarded_sites)
     monkeypatch.setattr(bench_gpu, "CASES", [(hook, settings, (6, 20, 90), 3)
                                              for hook, settings, _, _ in bench_gpu.CASES])
     rows = bench_gpu.measure(repeats=2, seed=0)
@@ -44,6 +45,22 @@ def test_bench_gpu_measures_every_case_and_judges_the_targets(monkeypatch):
         assert row["ms"] > 0 and row["pass_ms"] > 0 and row["ms_target"] is None  # far from the targets' sizes
     lines = bench_gpu.report(rows)
     assert len(lines) == 1 + len(rows) and all("syncs <= " in line and "pass" in line for line in lines[1:])
+    rows[0].update(syncs=2, syncs_ok=False, sync_sites=["a.py:1 f", "b.py:2 g"], sync_sites_other=["a.py:1 f"])
+    lines = bench_gpu.report(rows)
+    assert "syncs <= 1 and constant: FAIL" in lines[1] and lines[1 + len(rows):] == [
+        f"  sync, tis Geo-MIS @6: {site}" for site in ("a.py:1 f", "b.py:2 g")] + ["  sync, tis Geo-MIS @3: a.py:1 f"]
+
+
+@pytest.mark.parametrize("rates, chosen, verdict", [
+    ({"cpu": 25.7, "cuda": 31.3}, "cpu", "(cuda 1.22x); auto picks cpu: ok"),  # the H200's small moe at the demo load
+    ({"cpu": 0.31, "cuda": 4.9}, "cuda", "(cuda 15.81x); auto picks cuda: ok"),
+    ({"cpu": 2.0, "cuda": 3.0}, "cpu", "(cuda 1.50x); auto picks cpu: FAIL: the rule asks for cuda"),
+    ({"cpu": 2.0, "cuda": 2.9}, "cuda", "(cuda 1.45x); auto picks cuda: FAIL: the rule asks for cpu"),
+    ({"cpu": None, "cuda": 2.9}, "cuda", "auto picks cuda (not judged: a rate is missing)"),
+])
+def test_the_device_choice_is_judged_by_the_margin_cuda_must_win_by(rates, chosen, verdict):
+    line = gpu_check.device_verdict("moe", rates, chosen)
+    assert line.startswith(f"moe: cpu {rates['cpu']} / cuda {rates['cuda']} rollouts/s") and verdict in line
 
 
 def test_gpu_check_report_names_every_step_and_the_device_choice():
@@ -53,11 +70,11 @@ def test_gpu_check_report_names_every_step_and_the_device_choice():
                                         "timed_out": False, "tail": "22 passed"},
                          "lab moe on cuda": {"command": "lab", "returncode": None, "seconds": 38.0, "timed_out": True,
                                              "tail": "", "rollouts_per_s": 1.5}},
-               "auto_device": ["moe: cpu 2.0 / cuda 1.5 rollouts/s; auto picks cpu (the faster)"], "seconds": 300.0}
+               "auto_device": ["moe: cpu 2.0 / cuda 1.5 rollouts/s (cuda 0.75x); auto picks cpu: ok"], "seconds": 300.0}
     text = gpu_check.report(results)
     assert text.startswith("# GPU check: NVIDIA H200")
     assert "## CUDA tests: ok (40 s)" in text and "## lab moe on cuda: timed out (38 s)" in text
-    assert "rollouts/s: 1.5" in text and "auto picks cpu (the faster)" in text
+    assert "rollouts/s: 1.5" in text and "auto picks cpu: ok" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
@@ -192,11 +209,14 @@ def test_the_report_is_written_after_every_step_and_each_lab_step_starts_afresh(
                        "sample accuracy 0.21, greedy accuracy 0.30\n")
         if "--preset" in command:
             raise RuntimeError("the device went away")
-        if "lab" in command:
-            folder = Path(command[command.index("--out") + 1]) / "grpo@e4m3" / "seed40"
-            folder.mkdir(parents=True)
+        if "lab" in command:  # the demo's runs at once, each at 2 (CUDA) or 1 rollouts/s
+            assert command[command.index("--methods") + 1] == DEFAULT_METHODS
+            assert command[command.index("--jobs") + 1] == str(gpu_check.LAB_JOBS) == "6"
             cuda = command[command.index("--device") + 1] == "cuda"
-            (folder / "metrics.jsonl").write_text(records([5.0, 5.5, 6.0, 9.0] if cuda else [5.0, 6.0, 7.0, 9.0]))
+            for run in ("grpo@none", "grpo@e4m3", "grpo@e4m3+r3", "dcgrpo@e4m3", "token_tis@e4m3", "geo_rs_e4m3@e4m3"):
+                folder = Path(command[command.index("--out") + 1]) / run / "seed40"
+                folder.mkdir(parents=True)
+                (folder / "metrics.jsonl").write_text(records([5.0, 5.5, 6.0, 9.0] if cuda else [5.0, 6.0, 7.0, 9.0]))
         return {"command": " ".join(command), "returncode": 0, "seconds": 1.0, "timed_out": False,
                 "tail": log.read_text()}
 
@@ -206,9 +226,9 @@ def test_the_report_is_written_after_every_step_and_each_lab_step_starts_afresh(
         gpu_check.main()
     text = (out / "gpu_check.md").read_text()
     assert "(not finished)" in text and "## hook benchmark: ok" in text and "## lab moe-large on cpu: ok" in text
-    assert "rollouts/s: 2.0" in text and "rollouts/s: 1.0" in text and "rollouts/s: 10" not in text
+    assert "rollouts/s: 12.0" in text and "rollouts/s: 6.0" in text and "rollouts/s: 10" not in text
     assert "- warm-up seed 40 (moe-large): 120 steps, 9 s, sample accuracy 0.21" in text
-    assert "moe: cpu 1.0 / cuda 2.0 rollouts/s; auto picks cpu (FAIL: cuda is faster)" in text
+    assert "moe: cpu 6.0 / cuda 12.0 rollouts/s (cuda 2.00x); auto picks cpu: FAIL: the rule asks for cuda" in text
     assert [c[c.index("--steps") + 1] for c in calls if "lab" in c and "--preset" not in c] == ["4", "4", "4", "3"]
     printed = capsys.readouterr().out
-    assert "gpu_check: lab moe on cuda: exit 0 in 1 s, 2.0 rollouts/s" in printed
+    assert "gpu_check: lab moe on cuda: exit 0 in 1 s, 12.0 rollouts/s" in printed
