@@ -85,7 +85,7 @@ def write_report(comparison: Comparison, plots: list[Path], out_dir: Path, comma
 def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str]) -> list[str]:
     settings, seeds, aggregated = comparison.settings, comparison.seeds, comparison.aggregated
     lines = [
-        "# mismatch_ctrl CPU lab report",
+        "# mismatch_ctrl lab report",
         "",
         f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} from the runs of "
         + ", ".join(f"`{c}`" for c in commands) + ".",
@@ -99,7 +99,8 @@ def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: l
         "",
         (f"Cells: mean [{INTERVAL}] over {len(seeds)} seeds. Exact " if len(seeds) > 1 else "Cells: the value of "
          "the one seed. Exact ") +
-        "figures depend on the CPU's floating-point kernels; compare intervals, not digits.",
+        "figures depend on the machine's floating-point kernels (the CPU's or the GPU's); compare intervals, not "
+        "digits.",
         "",
         "| run | engine acc start | engine acc late | change | fp32 acc late | reward late | discrepancy first "
         "quarter | discrepancy late | routing flips | disc. flipped / unflipped | collapsed | s / rollout |",

@@ -32,7 +32,7 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
     "offpolicy": {"methods": "grpo@none,grpo,grpo+r3,token_tis", "quant": "e4m3,nvfp4", "steps": 120,
                   "num_steps_per_rollout": 4, "seeds": tuple(range(10))},
     "gpu-moe": {"policy": "moe-large", "quant": "nvfp4", "methods": "grpo@none,grpo,grpo+r3", "steps": 120,
-                "num_steps_per_rollout": 4, "seeds": tuple(range(40, 48))},
+                "num_steps_per_rollout": 4, "lr": 1e-4, "seeds": tuple(range(40, 48))},
 }
 """Named settings (``--preset``); explicit flags override them. ``demo``: ``make demo``. ``demo-seeds``: the same
 comparison over 5 seeds (the README's evidence). ``e5m2-edge``: the setting of the
@@ -55,9 +55,11 @@ on-policy baseline and compare the two with ``mismatch-ctrl lab compare --pairs`
 ``gpu-moe``: the CPU lab's off-policy finding at 50x the parameters, for one GPU (``--device auto`` runs the
 5.3M-parameter ``moe-large`` on CUDA): the exact engine, GRPO and GRPO + R3 on the NVFP4 engine at K = 4 optimizer
 steps per rollout, 120 rollouts, seeds 40-47 (24 runs; ``--jobs`` concurrent runs share the GPU, one process each).
-Its warm-up trains at lr 5e-4 (``lab.warmup.POLICY_WARMUP``). Sized for one 10-minute command on an H100/H200 from
-the one measurement there (four concurrent runs of 30 rollouts in 20-24 s each); not yet run (``make gpu-check``
-runs two seeds of it and reports rollouts/s)."""
+Its warm-up trains at lr 5e-4 (``lab.warmup.POLICY_WARMUP``), its RL at lr 1e-4: at the lab's 1e-3 (and at 3e-4)
+the first updates wreck the warmed-up policy even on the exact engine (seed 40 on the CPU: reward 0.26 before the
+first rollout, 0.000 from the second on at 1e-3, about 0.1 at 3e-4; at 1e-4 0.63-0.70 by rollouts 12-15). On one
+H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups included
+(docs/lab-offpolicy.md)."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
