@@ -84,6 +84,11 @@ def to_device(data: np.ndarray | Sequence[float] | torch.Tensor, device: torch.d
 
 
 _PACKAGE = Path(__file__).resolve().parent
+_WARNING_MACHINERY = frozenset({"warnings.py", "_py_warnings.py"})
+"""Files of Python's warnings module (3.14 moved its Python part to ``_py_warnings.py``): not a sync's site."""
+_SYNC_MESSAGE = ".*synchroniz"
+"""What the CUDA runtime's report of a synchronisation matches (``called a synchronizing CUDA operation``)."""
+_recording = False
 
 
 @contextlib.contextmanager
@@ -91,31 +96,42 @@ def cuda_syncs(frames: int = 4) -> Iterator[list[str]]:
     """The host synchronisations the CUDA runtime reports inside the block (``torch.cuda.set_sync_debug_mode``), one
     entry each: the Python frames that led to it, innermost first (at most ``frames``, this package's frames
     preferred), as ``file:line function``, so a count over budget names its sites. The device is synchronised
-    before the block; the other warnings of the block are shown as usual.
+    before the block; other warnings follow the filters in force, and the debug mode in force before comes back
+    after it. Blocks do not nest (an inner one would take the outer one's reports).
 
     What the mode switch itself reports is not the block's and is not counted: on an H200 (torch 2.11), the first
     switch to ``warn`` in a process reported one synchronisation at the switch, before any code of the block ran."""
+    global _recording
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    if _recording:
+        raise RuntimeError("cuda_syncs blocks do not nest: count the inner code in a block of its own")
     sites: list[str] = []
     torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        with warnings.catch_warnings(record=True):  # the switch's own report
-            torch.cuda.set_sync_debug_mode("warn")
-        show = warnings.showwarning
+    previous = torch.cuda.get_sync_debug_mode()
+    _recording = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("always", message=_SYNC_MESSAGE)
+            with warnings.catch_warnings(record=True):  # the switch's own report
+                torch.cuda.set_sync_debug_mode("warn")
+            show = warnings.showwarning
 
-        def record(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
-                   line: str | None = None) -> None:
-            if "synchroniz" not in str(message):
-                show(message, category, filename, lineno, file, line)
-                return
-            stack = [f for f in traceback.extract_stack()[:-1] if f.filename != warnings.__file__]
-            sites.append(_site(stack, frames))
+            def record(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                       file: object = None, line: str | None = None) -> None:
+                if "synchroniz" not in str(message):
+                    show(message, category, filename, lineno, file, line)
+                    return
+                stack = [f for f in traceback.extract_stack()[:-1] if Path(f.filename).name not in _WARNING_MACHINERY]
+                sites.append(_site(stack, frames))
 
-        warnings.showwarning = record
-        try:
-            yield sites
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = record
+            try:
+                yield sites
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+    finally:
+        _recording = False
 
 
 def _site(stack: list[traceback.FrameSummary], frames: int) -> str:

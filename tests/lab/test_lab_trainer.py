@@ -245,6 +245,8 @@ def test_presets_fill_unset_options_and_flags_override_them():
     edge = resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--lr", "2e-3", "--seeds", "7"]))
     assert edge["quant"] == "e5m2" and edge["methods"] == LAB_PRESETS["e5m2-edge"]["methods"]
     assert edge["lr"] == 2e-3 and edge["seeds"] == (7,) and edge["steps"] == LAB_DEFAULTS["steps"]
+    gpu_moe = cli.lab_plan(parser.parse_args(["lab", "--preset", "gpu-moe"]))[1]
+    assert gpu_moe.lr == 1e-4 and gpu_moe.optimizer_steps == 4  # 1e-3 wrecks moe-large (docs/lab-offpolicy.md)
     for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
         o = resolve(parser.parse_args(["lab", "--preset", name]))
         assert set(preset) <= set(LAB_DEFAULTS)

@@ -76,7 +76,9 @@ def plan(out: Path) -> list[list[dict[str, Any]]]:
     docstring)."""
     processes: list[list[dict[str, Any]]] = [[] for _ in range(max(p.size for p in PHASES))]
     for phase in PHASES:
-        store = f"file://{out / f'{phase.name}.store'}" if phase.size else ""
+        path = out / f"{phase.name}.store"
+        path.unlink(missing_ok=True)  # a store left by an earlier launch into ``out`` would not rendezvous afresh
+        store = f"file://{path}" if phase.size else ""
         common = {"name": phase.name, "world": phase.size, "tp": phase.tp, "cp": phase.cp, "pp": phase.pp,
                   "store": store, "scenarios": [s for s in phase.scenarios if s != "bad_input_cp" or phase.cp > 1]}
         if phase.size == 0:

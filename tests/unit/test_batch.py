@@ -171,10 +171,11 @@ def test_rounding_above_zero_costs_no_second_host_read_and_reads_as_zero():
     assert guard.syncs == 1 and not batch.dropped
     assert batch.train_log_probs.tolist()[1] == 0.0 and batch.rollout_log_probs.tolist()[4] == 0.0
     assert batch.mask.tolist() == [1.0] * 5 and batch.nonfinite.tolist() == batch.impossible.tolist() == [0, 0]
-    train[1][1] = 0.5
-    with HostGuard() as guard, pytest.warns(RuntimeWarning, match="impossible"):
-        batch = TokenBatch.from_lists(train, rollout, masks)
-    assert guard.syncs == 2 and batch.dropped and batch.impossible.tolist() == [0, 1]
+    for bad, counter in ((0.5, "impossible"), (math.nan, "nonfinite"), (-math.inf, "nonfinite")):
+        train[1][1] = bad  # beside the rounding: which trained tokens to drop takes the second read
+        with HostGuard() as guard, pytest.warns(RuntimeWarning, match="dropped"):
+            batch = TokenBatch.from_lists(train, rollout, masks)
+        assert guard.syncs == 2 and batch.dropped and getattr(batch, counter).tolist() == [0, 1], bad
 
 
 def test_impossible_log_prob_with_the_error_policy_names_the_sample():

@@ -157,19 +157,28 @@ def test_fetch_reads_each_device_once_and_keeps_the_order(monkeypatch):
     assert calls == [["cpu", "cpu"], ["meta", "meta"]]
 
 
-def test_cuda_syncs_names_the_site_of_each_synchronisation_and_shows_other_warnings(monkeypatch):
-    """The recorder behind the CUDA sync counts, with the CUDA runtime's warning stood in for: a read inside
-    :func:`host.fetch` is reported at its line in this package, innermost first; a sync from code outside the package
-    at the caller's line; another warning is shown as usual, not counted, and so is the mode switch's own report."""
+@pytest.fixture
+def cuda_switch(monkeypatch):
+    """The CUDA runtime's sync reporting stood in for: the modes set, in order (the mode in force before: 1), and, as
+    torch 2.11 did on an H200, one sync reported by the first switch to "warn" itself."""
     modes = []
 
-    def switch(mode):  # as torch 2.11 did on an H200: the first switch to "warn" reports one sync itself
+    def switch(mode):
         if not modes:
             warnings.warn("called a synchronizing CUDA operation", UserWarning)
         modes.append(mode)
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", switch)
+    return modes
+
+
+def test_cuda_syncs_names_the_site_of_each_synchronisation(cuda_switch, monkeypatch):
+    """A read inside :func:`host.fetch` is reported at its line in this package, innermost first; a sync from code
+    outside the package at the caller's line; another warning follows the filters in force (shown here, ignored
+    where they say so), not counted; the mode switch's own report is not counted; the mode in force before comes
+    back."""
     tolist = torch.Tensor.tolist
 
     def syncing_tolist(self):
@@ -177,10 +186,29 @@ def test_cuda_syncs_names_the_site_of_each_synchronisation_and_shows_other_warni
         return tolist(self)
 
     monkeypatch.setattr(torch.Tensor, "tolist", syncing_tolist)
-    with pytest.warns(RuntimeWarning, match="unrelated"), host.cuda_syncs() as sites:
-        assert host.fetch(torch.ones(2), torch.zeros(())) == [1.0, 1.0, 0.0]
-        warnings.warn("unrelated", RuntimeWarning)
-        warnings.warn("called a synchronizing CUDA operation", UserWarning)
-    assert modes == ["warn", 0] and len(sites) == 2
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="filtered")
+        with host.cuda_syncs() as sites:
+            assert host.fetch(torch.ones(2), torch.zeros(())) == [1.0, 1.0, 0.0]
+            warnings.warn("unrelated", RuntimeWarning)
+            warnings.warn("filtered", RuntimeWarning)
+            warnings.warn("called a synchronizing CUDA operation", UserWarning)
+    assert [str(w.message) for w in shown] == ["unrelated"]
+    assert cuda_switch == ["warn", 1] and len(sites) == 2
     assert sites[0].startswith("host.py:") and " _values < host.py:" in sites[0] and sites[0].endswith(" fetch")
     assert sites[1].startswith("test_hostguard.py:") and "test_cuda_syncs_names_the_site" in sites[1]
+
+
+def test_cuda_syncs_restores_everything_after_an_error_and_refuses_to_nest(cuda_switch):
+    filters, show = list(warnings.filters), warnings.showwarning
+    with pytest.raises(KeyError), host.cuda_syncs():
+        raise KeyError("inside")
+    assert cuda_switch == ["warn", 1] and warnings.filters == filters and warnings.showwarning is show
+    with host.cuda_syncs(), pytest.raises(RuntimeError, match="do not nest"), host.cuda_syncs():
+        pass
+    with pytest.raises(ValueError, match="frames must be >= 1"), host.cuda_syncs(frames=0):
+        pass
+    with host.cuda_syncs() as sites:  # usable again after each refusal
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+    assert len(sites) == 1 and warnings.filters == filters and warnings.showwarning is show
