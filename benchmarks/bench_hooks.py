@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -190,21 +189,14 @@ def count_syncs(fn: Callable[[], object]) -> int:
 
 # --- collectives on a real gloo world --------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def world_rank(rank: int, size: int, cp: int, port: int, out: str, seqs: int, seed: int) -> None:
+def world_rank(rank: int, size: int, cp: int, out: str, seqs: int, seed: int) -> None:
     """One rank of the DP x CP world: count the collectives of each hook call (after a warm-up call)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     torch.set_num_threads(1)
     logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=size)
+    dist.init_process_group("gloo", init_method=f"file://{Path(out) / 'store'}", rank=rank, world_size=size)
     ps.initialize_model_parallel(context_parallel_size=cp)
     counts: dict[str, int] = {}
     originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
@@ -236,8 +228,7 @@ def world_rank(rank: int, size: int, cp: int, port: int, out: str, seqs: int, se
 
 def count_collectives(dp: int, cp: int, seqs: int, seed: int) -> list[dict[str, dict[str, int]]]:
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(world_rank, args=(dp * cp, cp, free_port(), out, seqs, seed), nprocs=dp * cp,
-                           start_method="spawn")
+        mp.start_processes(world_rank, args=(dp * cp, cp, out, seqs, seed), nprocs=dp * cp, start_method="spawn")
         return [torch.load(Path(out) / f"r{r}.pt") for r in range(dp * cp)]
 
 

@@ -23,6 +23,10 @@ def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, opti
     lr = runtime.controllers.lr
     if lr is None:
         return
+    if not hasattr(optimizer, "param_groups"):
+        raise ConfigError(f"before_train_step: the optimizer ({type(optimizer).__name__}) has no param_groups to "
+                          "scale; slime passes Megatron's optimizer here (call the hook as slime's train loop does: "
+                          "args, rollout_id, step_id, model, optimizer, opt_param_scheduler)")
     if runtime.lr_applied is None or runtime.lr_applied[0] != rollout_id:
         seen = runtime.controllers.last_rollout
         if topology().is_last_stage and seen != rollout_id:

@@ -188,6 +188,14 @@ def test_lr_hook_needs_the_advantage_hook_of_the_same_rollout():
         hooks.before_train_step(args, 1, 0, [], optimizer, None)
 
 
+@pytest.mark.parametrize("optimizer", [object(), None, torch.nn.Linear(1, 1)], ids=["object", "none", "module"])
+def test_lr_hook_names_an_optimizer_without_param_groups(optimizer):
+    args = make_args(method("length_decay"))
+    hooks.advantages(args, data())
+    with pytest.raises(ConfigError, match=r"before_train_step: the optimizer \(\w+\) has no param_groups to scale"):
+        hooks.before_train_step(args, 0, 0, [], optimizer, None)
+
+
 @pytest.mark.parametrize("world", [2, 4], ids=WORLD_IDS.get)
 def test_full_length_tensors_under_context_parallelism(runs, world):
     """Full-length log-probs or pg_loss where slime passes CP-local ones: every CP rank raises InputError (before any
