@@ -9,8 +9,10 @@ OUT ?= runs/lab
 export OMP_NUM_THREADS ?= 1
 
 GPU_OUT ?= runs/gpu-check
-# The GPU check runs on the device machine's own python3 (torch there, no network for a venv); here, the venv's.
-GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+# The GPU check needs a python whose torch finds CUDA: the venv's where its torch does (it may be a CPU build), else
+# the machine's python3 (a device machine has torch there and no network for a venv); with neither, the venv's, which
+# says that there is no GPU. Evaluated only by gpu-check (=, not :=).
+GPU_PY = $(firstword $(foreach p,$(wildcard $(PY)) $(PYTHON),$(shell $(p) -c 'import sys, torch;   sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1 && echo $(p))) $(wildcard $(PY)) $(PYTHON))
 
 .PHONY: help venv test demo bench gpu-check lint clean
 

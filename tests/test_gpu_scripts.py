@@ -142,6 +142,26 @@ def test_the_gpu_scripts_run_from_the_source_tree_without_an_install(script, tmp
     assert "usage:" in done.stdout
 
 
+@pytest.mark.parametrize("venv, system, chosen", [
+    ("nocuda", "cuda", "system"),  # make demo's venv with a CPU build of torch, the machine's python3 with CUDA
+    ("cuda", "cuda", "venv"),
+    (None, "nocuda", "system"),  # a device machine: no venv
+    ("nocuda", "nocuda", "venv"),  # no GPU anywhere: the venv's python says so
+])
+def test_make_gpu_check_runs_the_python_whose_torch_finds_cuda(tmp_path, venv, system, chosen):
+    fakes = {}
+    for name, cuda in (("venv", venv), ("system", system)):  # a python whose `-c` check exits 0 where it finds CUDA
+        fakes[name] = tmp_path / name
+        if cuda is not None:
+            fakes[name].write_text(f"#!/bin/sh\nexit {0 if cuda == 'cuda' else 1}\n")
+            fakes[name].chmod(0o755)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["make", "-n", "-s", "gpu-check", f"PY={fakes['venv']}", f"PYTHON={fakes['system']}"],
+                          cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == str(fakes[chosen]) and "benchmarks/gpu_check.py" in done.stdout
+
+
 def records(seconds: list[float]) -> str:
     """A ``metrics.jsonl`` whose ``seconds`` are the trainer's: time since the run started, at each rollout's end."""
     return "".join(json.dumps({"step": k, "reward": 0.5, "seconds": t}) + "\n" for k, t in enumerate(seconds))
