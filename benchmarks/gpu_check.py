@@ -181,10 +181,11 @@ def sweep(steps: int, jobs: int, out: Path, timeout: float, log: Path) -> dict[s
         preset = LAB_PRESETS["gpu-moe"]
         runs = len(preset["methods"].split(",")) * len(preset["seeds"])
         result["rollouts_per_s"] = round(rate, 2)
-        result["preset"] = (f"{len(rates)} runs, {jobs} at a time on the GPU: median {rate:.2f} rollouts/s per run; "
-                            f"the whole gpu-moe preset ({runs} runs x {preset['steps']} rollouts, --jobs {jobs}) "
+        at_once = min(jobs, len(rates))
+        result["preset"] = (f"{len(rates)} runs, {at_once} at a time on the GPU: median {rate:.2f} rollouts/s per "
+                            f"run; the whole gpu-moe preset ({runs} runs x {preset['steps']} rollouts, --jobs {jobs}) "
                             f"would train for about {runs * preset['steps'] / (jobs * rate):.0f} s after its "
-                            f"{len(preset['seeds'])} warm-ups")
+                            f"{len(preset['seeds'])} warm-ups (at that rate; more runs at once share the GPU further)")
     return result
 
 
@@ -232,8 +233,8 @@ def main() -> int:
     parser.add_argument("--steps", type=positive_int, default=12,
                         help="rollouts per run on CUDA, at least 3: the first (step-0 evaluation, caches) and the "
                              "last (final evaluation) are not timed (default 12)")
-    parser.add_argument("--jobs", type=positive_int, default=4,
-                        help="concurrent lab runs on the GPU in step 5 (default 4)")
+    parser.add_argument("--jobs", type=positive_int, default=8,
+                        help="concurrent lab runs on the GPU in step 5, as the docs run the gpu-moe preset (default 8)")
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("--steps: at least 3 (the first and the last rollout are not timed)")

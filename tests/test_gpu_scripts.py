@@ -211,6 +211,25 @@ def test_a_step_past_its_time_is_stopped_with_the_processes_it_started(tmp_path)
         pytest.fail(f"the step's own child process {pid} outlived the step")
 
 
+def test_the_sweep_step_estimates_the_whole_preset_from_its_runs_rates(tmp_path, monkeypatch):
+    """Two seeds of gpu-moe (6 runs, all at once under --jobs 8), each at 2 rollouts/s: the preset's 24 runs x 120
+    rollouts with 8 at a time would train for 24 x 120 / (8 x 2) = 180 s."""
+    def step(command, timeout, log):
+        for run in ("grpo@none", "grpo@nvfp4", "grpo@nvfp4+r3"):
+            for seed in (40, 41):
+                folder = Path(command[command.index("--out") + 1]) / run / f"seed{seed}"
+                folder.mkdir(parents=True)
+                (folder / "metrics.jsonl").write_text(records([5.0, 5.5, 6.0, 9.0]))
+        log.write_text("")
+        return {"command": " ".join(command), "returncode": 0, "seconds": 1.0, "timed_out": False, "tail": ""}
+
+    monkeypatch.setattr(gpu_check, "run", step)
+    result = gpu_check.sweep(steps=4, jobs=8, out=tmp_path, timeout=60, log=tmp_path / "log")
+    assert result["rollouts_per_s"] == 2.0
+    assert result["preset"].startswith("6 runs, 6 at a time on the GPU: median 2.00 rollouts/s per run; the whole "
+                                       "gpu-moe preset (24 runs x 120 rollouts, --jobs 8) would train for about 180 s")
+
+
 def test_the_report_is_written_after_every_step_and_each_lab_step_starts_afresh(tmp_path, monkeypatch, capsys):
     """``main`` with the machine said to have CUDA and each step stood in for: a lab step writes its run as the lab
     does (cumulative seconds); a stale run from an earlier check is not read; the gpu-moe step dies mid-way, and the
