@@ -7,7 +7,9 @@ Megatron's next kernels; ``numpy()`` of a CUDA tensor is an error. So the core r
 :func:`fetch` alone, a fixed few times per hook call, every number it needs at once; host data (sequence lengths,
 rewards, index layouts) reaches the device through :func:`to_device`, from pinned memory without waiting.
 :class:`~mismatch_ctrl.hostguard.HostGuard` runs code on the CPU as if its tensors lived on a GPU: it counts these
-two calls and refuses every other transfer, so a CPU-only test finds what a GPU would refuse or wait for.
+two calls and refuses every other transfer, so a CPU-only test finds what a GPU would refuse or wait for. On a GPU,
+:func:`cuda_syncs` lists the synchronisations the CUDA runtime reports in a block, each with the line that made it
+(``tests/slime/test_slime_device.py``, ``benchmarks/bench_gpu.py``).
 """
 
 from __future__ import annotations
