@@ -15,6 +15,7 @@ two calls and refuses every other transfer, so a CPU-only test finds what a GPU 
 from __future__ import annotations
 
 import contextlib
+import re
 import traceback
 import warnings
 from pathlib import Path
@@ -88,7 +89,7 @@ def to_device(data: np.ndarray | Sequence[float] | torch.Tensor, device: torch.d
 _PACKAGE = Path(__file__).resolve().parent
 _WARNING_MACHINERY = frozenset({"warnings.py", "_py_warnings.py"})
 """Files of Python's warnings module (3.14 moved its Python part to ``_py_warnings.py``): not a sync's site."""
-_SYNC_MESSAGE = ".*synchroniz"
+_SYNC_MESSAGE = re.compile(r".*synchroniz")
 """What the CUDA runtime's report of a synchronisation matches (``called a synchronizing CUDA operation``)."""
 _recording = False
 
@@ -114,14 +115,14 @@ def cuda_syncs(frames: int = 4) -> Iterator[list[str]]:
     _recording = True
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("always", message=_SYNC_MESSAGE)
+            warnings.filterwarnings("always", message=_SYNC_MESSAGE.pattern)
             with warnings.catch_warnings(record=True):  # the switch's own report
                 torch.cuda.set_sync_debug_mode("warn")
             show = warnings.showwarning
 
             def record(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                        file: object = None, line: str | None = None) -> None:
-                if "synchroniz" not in str(message):
+                if not _SYNC_MESSAGE.match(str(message)):
                     show(message, category, filename, lineno, file, line)
                     return
                 stack = [f for f in traceback.extract_stack()[:-1] if Path(f.filename).name not in _WARNING_MACHINERY]
