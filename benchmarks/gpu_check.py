@@ -1,4 +1,4 @@
-"""The GPU check for a short device lease: one command, at most 8 minutes on one H100/H200, one report file.
+"""The GPU check for a short turn on a GPU machine: one command, at most 8 minutes on one H100/H200, one report file.
 
 Steps, each bounded in time, in this order (a step that fails or runs out of time is reported, the next runs):
 
@@ -24,9 +24,9 @@ The report is rewritten after every step (and a line printed), so a run cut shor
 step starts from an empty folder (the warm-up cache, ``OUT/cache``, is kept): a rerun measures again. A step that
 runs out of time is stopped with every process it started (the lab's workers hold the GPU). Runs from the source
 tree (``PYTHONPATH`` is set for the children), without a virtual environment: the device machine's ``python3`` has
-torch, numpy, matplotlib, PyYAML, pytest and hypothesis. On a lent device, bring the small files back in one
-(a lease returns at most 8 files): ``tar czf "$OUT"/gpu-check.tgz runs/gpu-check/*.md runs/gpu-check/*.json
-runs/gpu-check/*.log`` (the folder also holds warm-up caches of ~20 MB per ``moe-large`` seed).
+torch, numpy, matplotlib, PyYAML, pytest and hypothesis. To copy the results off a machine, the small files are
+``runs/gpu-check/*.md``, ``*.json`` and ``*.log`` (the folder also holds warm-up caches of ~20 MB per ``moe-large``
+seed).
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ def machine() -> dict[str, Any]:
 
     info: dict[str, Any] = {"torch": torch.__version__, "cuda_build": torch.version.cuda,
                             "cuda": torch.cuda.is_available(), "python": sys.version.split()[0]}
-    if info["cuda"]:
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), gpus=torch.cuda.device_count())
+    if not info["cuda"]:  # nothing to check: no megatron import, whose warnings would bury the one line that says so
+        return info
+    props = torch.cuda.get_device_properties(0)
+    info.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), gpus=torch.cuda.device_count())
     try:
         import megatron.core  # noqa: F401
         info["megatron_core"] = True

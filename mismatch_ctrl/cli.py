@@ -183,9 +183,11 @@ def _lab_compare(ns: argparse.Namespace) -> int:
 
 
 def _not_compared(missing: list[str]) -> None:
-    """Name on stderr each comparison the report could not make (its reference run is missing)."""
+    """Name on stderr each comparison the report could not make (its reference run is missing): a note, the runs are
+    done."""
     for line in missing:
-        print(f"mismatch-ctrl lab: not compared: {line.replace('`', '')}", file=sys.stderr)
+        print(f"mismatch-ctrl lab: note: {line.replace('`', '')} (train the reference run into the same --out to "
+              "compare)", file=sys.stderr)
 
 
 def _analyze(ns: argparse.Namespace) -> int:

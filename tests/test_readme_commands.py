@@ -5,7 +5,7 @@ What runs and what is only resolved:
 
 - ``mismatch-ctrl check-config ...``: **run** (exit 0). ``mismatch-ctrl ... --help``: **run** (exit 0).
 - ``mismatch-ctrl lab ...``: **resolved only**, because the shortest real run takes longer than ~20 s on 2 cores (the
-  engine ladder: 42 s; ``--steps 30 --dump-details``: 16 s with a cached warm-up, ~26 s without): each parses and
+  engine ladder: 42 s; ``--steps 40 --dump-details``: ~20 s with a cached warm-up, ~30 s without): each parses and
   resolves to the runs it would train (presets, methods, engines, seeds); each that trains names an explicit
   ``--out`` other than the default ``runs/lab`` (except ``make demo``'s own ``mismatch-ctrl lab --out runs/lab``),
   so it never lands among the demo's runs and is refused there; commands sharing an ``--out`` share its settings

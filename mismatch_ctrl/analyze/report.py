@@ -45,7 +45,7 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
                   f"rollouts): {fmt(rec['eps_floor'], 4)}; an eps below it makes lambda climb to lambda_max.", ""]
         lines += _table(["eps candidate", "eps", "rollouts with C_bar > eps"],
                         [[f"`{x['name']}`", fmt(x["eps"], 4), _pct(x["fraction_above"])] for x in rec["candidates"]])
-        lines += ["", "Architecture defaults (configs/arch; ALGORITHMS.md section 2):", ""]
+        lines += ["", "Architecture defaults (configs/arch; docs/algorithms.md section 2):", ""]
         lines += _table(["architecture", "lambda_0", "eta", "eps", "lambda_max"],
                         [[arch, d["lambda_0"], d["eta"], d["eps"], d["lambda_max"]]
                          for arch, d in rec["arch_defaults"].items()])
@@ -159,8 +159,8 @@ def _data_problems(counts: dict[str, Any]) -> list[str]:
 def _replay_verdict(replay: dict[str, Any]) -> str:
     at_max, above = replay["fraction_at_lambda_max"], replay["fraction_above_eps"]
     if at_max is not None and at_max >= 0.5:
-        return ("Verdict: the budget is too tight for this stack (lambda saturates; ALGORITHMS.md: eps too small -> "
-                "lambda at lambda_max). Use a larger eps, e.g. the `eps: auto` value.")
+        return ("Verdict: the budget is too tight for this stack (lambda saturates; docs/algorithms.md section 2: eps "
+                "too small -> lambda at lambda_max). Use a larger eps, e.g. the `eps: auto` value.")
     if above is not None and above <= 0.05 and replay["lambda_final"] == 0.0:
         return ("Verdict: the budget is loose (lambda decays to 0 and DC-GRPO acts like GRPO); a smaller eps would "
                 "let the constraint act.")
@@ -194,8 +194,8 @@ def _per_rollout(result: dict[str, Any]) -> list[str]:
                       r.get("k3_kl"), r.get("training_log_ppl"), r.get("rollout_log_ppl"), chosen.get("lambda"),
                       chosen.get("eps"), f"{fmt(r['nonfinite_tokens'])} / {fmt(r['impossible_tokens'])}"])
     lines = ["## Per rollout", "",
-             "Metrics with slime/verl names (ALGORITHMS.md section 6); C_bar = prob_diff_mean, the DC-GRPO signal; "
-             "Δp = per-token |p_train - p_rollout|. '-' = not in the dump (without training log-probs only the "
+             "Metrics with slime/verl names (docs/algorithms.md section 6); C_bar = prob_diff_mean, the DC-GRPO "
+             "signal; Δp = per-token |p_train - p_rollout|. '-' = not in the dump (without training log-probs only the "
              "rollout-side statistics exist).", ""]
     lines += _table(header, table)
     measured = [r for r in rows if "rejection" in r]

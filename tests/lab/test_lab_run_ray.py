@@ -65,10 +65,13 @@ def test_ray_tasks_train_the_same_runs_as_local_processes_and_a_resumed_sweep_tr
                                                                     ("dcgrpo@e4m3", 0), ("dcgrpo@e4m3", 1)]
 
 
-def _free_port() -> int:
+@pytest.fixture
+def closed_port():
+    """A local port bound by this test and never listened on, so nothing else can take it while the test runs and a
+    connection to it is refused (a port found free and then released may be taken by a parallel test)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 @pytest.mark.parametrize("address, message", [
@@ -77,13 +80,13 @@ def _free_port() -> int:
     ("127.0.0.1:port", "expected HOST:PORT"),
 ])
 def test_unreachable_or_malformed_ray_address_is_refused_before_the_warm_up(tmp_path, monkeypatch, capsys, address,
-                                                                            message):
+                                                                            message, closed_port):
     def no_warmup(*_, **__):
         raise AssertionError("the warm-up must not start")
 
     monkeypatch.setattr(lab_run, "warmup_policy", no_warmup)
     monkeypatch.setattr(lab_run, "warmup_preset", lambda task, policy: TINY_WARMUP)
-    address = address or f"127.0.0.1:{_free_port()}"
+    address = address or f"127.0.0.1:{closed_port}"
     code = cli.main(lab_command(tmp_path / "out", tmp_path / "cache", "--methods", "grpo", "--steps", "2",
                                 "--ray-address", address))
     err = capsys.readouterr().err
