@@ -8,6 +8,7 @@ with a plain ``python3`` + PyYAML. The rule: MoE iff the expert count is > 0, wh
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -75,6 +76,9 @@ def resolve_architecture(*, architecture: str | None = None, num_experts: int | 
                               f"got {architecture!r}")
         return architecture  # type: ignore[return-value]
     if num_experts is not None:
+        if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral) or num_experts < 0:
+            raise ConfigError(f"--num-experts: expected the number of experts (an integer >= 0; slime's args), got "
+                              f"{brief(num_experts)}; or set mismatch_ctrl.architecture")
         return architecture_of(num_experts)
     if hf_config is not None:
         return architecture_of(expert_count(read_hf_config(hf_config)[1]))

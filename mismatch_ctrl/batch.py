@@ -23,10 +23,15 @@ LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to [-20, 20] before any ``exp`` (ALGORITHMS.md notation; slime and verl do the same)."""
 LOG_PROB_TOLERANCE = 1e-3
 """A log-prob above 0 but at most this is rounding and reads as 0; above it, it is impossible (p > 1.001) [ours]."""
+LOG_PROB_FLOOR = -1e30
+"""A log-prob below this is an overflowed ``-inf`` and counts as non-finite [ours]: a float32 sum of a million such
+tokens (a sequence's statistics; slime's per-sample mean of a token-shaped metric) would overflow, and no softmax of
+finite float32 logits of a working model gives one (its ``exp`` is 0 from about -104)."""
 
 NonFinitePolicy = Literal["mask", "error"]
-DROPPED_WARNING = ("mismatch_ctrl: trained tokens with a NaN/inf or impossible (> 0) log-prob were dropped from the "
-                   "loss and counted (metric nonfinite_tokens); set mismatch_ctrl.nonfinite: error to stop instead")
+DROPPED_WARNING = ("mismatch_ctrl: trained tokens with a NaN/inf (or < -1e30) or impossible (> 0) log-prob were "
+                   "dropped from the loss and counted (metric nonfinite_tokens); set mismatch_ctrl.nonfinite: error to "
+                   "stop instead")
 """One fixed text, so Python's default warning filter shows it once per process."""
 
 
@@ -189,8 +194,9 @@ class TokenBatch:
     are), else :class:`InputError`. Log-probs are checked once per batch [ours]:
 
     - a log-prob in ``(0, LOG_PROB_TOLERANCE]`` is rounding (the log-softmax of a near-certain token) and becomes 0;
-    - a trained token with a log-prob that is NaN/inf, or above ``LOG_PROB_TOLERANCE`` (a probability above 1: the
-      engine returned something else than a log-probability), is unusable: with policy ``"mask"`` it is removed from
+    - a trained token with a log-prob that is NaN/inf or below ``LOG_PROB_FLOOR`` (an overflowed ``-inf``), or above
+      ``LOG_PROB_TOLERANCE`` (a probability above 1: the engine returned something else than a log-probability), is
+      unusable: with policy ``"mask"`` it is removed from
       ``mask``, counted per sequence in ``nonfinite`` (both kinds) and ``impossible`` (the second kind only), and a
       :class:`RuntimeWarning` says so once; with ``"error"`` it raises :class:`InputError` naming the sample and the
       token. Untrained tokens are zeroed silently.
@@ -223,9 +229,9 @@ class TokenBatch:
         """Validate flat ``[T]`` tensors against ``segments``, check the mask and guard unusable log-probs.
 
         The checks cost one host transfer (:func:`mismatch_ctrl.host.fetch`; one more on the rare path where a
-        log-prob is unusable: NaN/inf, or above 0 by more than ``LOG_PROB_TOLERANCE``). ``watch(mask)``, given the
-        float loss mask before the guard, returns 0-d tensors the caller needs on the host: they are read in that same
-        transfer, into ``watched``."""
+        log-prob is unusable: NaN/inf or below ``LOG_PROB_FLOOR``, or above 0 by more than ``LOG_PROB_TOLERANCE``).
+        ``watch(mask)``, given the float loss mask before the guard, returns 0-d tensors the caller needs on the
+        host: they are read in that same transfer, into ``watched``."""
         for name, t in (("train_log_probs", train_log_probs), ("rollout_log_probs", rollout_log_probs), ("mask", mask)):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -272,19 +278,23 @@ class TokenBatch:
                 (value,) = host.fetch(mask[first])
                 _raise_at(segments, first, "loss mask value other than 0/1", f"loss_masks={value:g}",
                           "loss masks must be 0 or 1 (slime builds them from each sample's 0/1 loss_mask)")
-            if not (math.isfinite(low_t) and math.isfinite(low_r) and max(top_t, top_r) <= 0):
-                finite = torch.isfinite(train - rollout)
-                impossible = finite & (torch.maximum(train, rollout) > LOG_PROB_TOLERANCE)
+            in_range = low_t >= LOG_PROB_FLOOR and low_r >= LOG_PROB_FLOOR  # False for NaN (aminmax spreads it)
+            if not (in_range and max(top_t, top_r) <= 0):
+                highest = torch.maximum(train, rollout)
+                finite = (torch.minimum(train, rollout) >= LOG_PROB_FLOOR) & (highest < math.inf)
+                impossible = finite & (highest > LOG_PROB_TOLERANCE)
                 usable = finite & ~impossible
                 trained = mask > 0
                 bad, impossible = ~usable & trained, impossible & trained
                 # every log-prob finite and above 0 by rounding at most: nothing is dropped, known without a read
-                rounding = math.isfinite(low_t) and math.isfinite(low_r) and max(top_t, top_r) <= LOG_PROB_TOLERANCE
+                rounding = in_range and max(top_t, top_r) <= LOG_PROB_TOLERANCE
                 dropped = not rounding and host.fetch(bad.any())[0] > 0
                 if nonfinite == "error" and dropped:
                     first = _first(bad)
                     above, train_value, rollout_value = host.fetch(impossible[first], train[first], rollout[first])
-                    kind = "impossible log-prob (above 0)" if above else "non-finite log-prob"
+                    kind = "impossible log-prob (above 0)" if above else "non-finite log-prob" if not \
+                        (math.isfinite(train_value) and math.isfinite(rollout_value)) else \
+                        "overflowed log-prob (below -1e30, an -inf)"
                     _raise_at(segments, first, kind,
                               f"train_log_probs={train_value}, rollout_log_probs={rollout_value}",
                               "set mismatch_ctrl.nonfinite: mask to drop such tokens from the loss and count them "

@@ -202,6 +202,8 @@ def _analyze(ns: argparse.Namespace) -> int:
     out = Path(ns.out) if ns.out else Path(ns.directory) / "analysis"
     json_path = Path(ns.json) if ns.json not in (None, "-") else None
     try:
+        if Path(ns.directory).exists() and not Path(ns.directory).is_dir():
+            raise DumpError(f"{ns.directory}: not a directory; give the --dump-details directory of a slime run")
         _check_outputs(out, json_path, create=Path(ns.directory).is_dir())
         result = analyze_dumps(ns.directory, options)
         report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))

@@ -173,6 +173,9 @@ def build_config(section: Mapping[str, Any] | None, *, architecture: str | None 
     for key, tp in (("name", str), ("nonfinite", NonFinitePolicy)):
         if section.get(key) is not None:
             values[key] = _coerce(tp, section[key], f"{ROOT_KEY}.{key}")
+    if not values.get("name", "custom").strip():
+        raise ConfigError(f"{ROOT_KEY}.name: give the method a name (it labels the logs and the state), got "
+                          f"{brief(values['name'])}")
     for key, cls in SECTIONS.items():
         values[key] = _build(cls, _or_empty(section.get(key)), f"{ROOT_KEY}.{key}")
     correction = _or_empty(section.get("correction"))

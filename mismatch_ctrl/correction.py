@@ -95,6 +95,15 @@ class CorrectionSpec:
                                  "mu_rollout (> 0), not its log; e.g. rs_low: 0.999, rs_high: 1.001"))
         if self.rs_low is not None and self.rs_high is not None and not self.rs_low < self.rs_high:
             out.append(("rs_low", f"need rs_low < rs_high, got {self.rs_low}, {self.rs_high}"))
+        # A band or weight that treats rho = 1 (the engines agree) as off-policy rejects or shrinks every token.
+        for key, bound, holds in (("rs_low", self.rs_low, lambda b: b < 1), ("rs_high", self.rs_high, lambda b: b > 1)):
+            if bound is not None and bound > 0 and not holds(bound):
+                out.append((key, f"need rs_low < 1 < rs_high (rho = 1 is where the engines agree), got {key}={bound}: "
+                                 "the band would reject on-policy tokens; e.g. rs_low: 0.999, rs_high: 1.001"))
+        if self.is_level is not None and 0 <= low < high and not low <= 1 <= high:
+            out.append(("is_high" if high < 1 else "is_low",
+                        f"need is_low <= 1 <= is_high (rho = 1, where the engines agree, keeps weight 1), got "
+                        f"{low:g}, {high:g}: e.g. is_high: 2.0"))
         if self.veto is not None and not 0 < self.veto < 1:
             out.append(("veto", "must be in (0, 1) or null (a ratio below which a token vetoes its sequence, e.g. "
                                 f"1.0e-4), got {self.veto}"))

@@ -61,6 +61,10 @@ class SurgeSettings:
             out.append(("ratio", f"must be >= onset_ratio ({self.onset_ratio}), got {self.ratio}"))
         if not self.period_multiplier > 0:
             out.append(("period_multiplier", f"must be > 0, got {self.period_multiplier}"))
+        for key in ("min_increase_tokens", "min_increase_fraction"):
+            if not getattr(self, key) >= 0:
+                out.append((key, f"must be >= 0 (the least rise over the baseline that counts as a surge), got "
+                                 f"{getattr(self, key)}"))
         return out
 
     def first_trigger(self) -> int:

@@ -64,7 +64,8 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
         advs = list(torch.split(step.advantages, layout.sizes))
     elif shapes:  # slime's built-in GRPO: each sample's reward at each of its (CP-local) tokens
         segments = batch.segments if batch is not None else Segments(layout.sizes, device)
-        advs = list(torch.split(segments.expand(reward_t).to(shapes[0].dtype), layout.sizes))
+        dtype = shapes[0].dtype if shapes[0].is_floating_point() else torch.float32  # slime: kl's dtype
+        advs = list(torch.split(segments.expand(reward_t).to(dtype), layout.sizes))
     else:
         advs = []
     rollout_data["advantages"] = advs

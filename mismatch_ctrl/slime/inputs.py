@@ -39,9 +39,9 @@ def check_rollout_data(rollout_data: Any, runtime: Runtime) -> list[float]:
     ``rollout_data[NONFINITE_REWARDS]`` with a one-time warning)."""
     if not isinstance(rollout_data, dict):
         raise InputError(f"rollout_data must be slime's dict of per-sample lists, got {type(rollout_data).__name__}")
-    missing = [key for key in REQUIRED_KEYS if key not in rollout_data]
+    missing = [key for key in REQUIRED_KEYS if rollout_data.get(key) is None]
     if missing:
-        raise InputError(f"rollout_data has no {', '.join(map(repr, missing))} (keys present: "
+        raise InputError(f"rollout_data has no {', '.join(map(repr, missing))} (or it is None; keys present: "
                          f"{brief(sorted(map(str, rollout_data)), 200)}); the advantage hook needs slime's "
                          "rollout_data as --custom-advantage-function-path receives it (SLIME.md section 1)")
     n = check_lengths(rollout_data["total_lengths"], rollout_data["response_lengths"])
@@ -83,6 +83,7 @@ def check_tis_inputs(pg_loss: Any, train_log_probs: Any, rollout_log_probs: Any,
     if n and train_log_probs[0].device != pg_loss.device:
         raise InputError(f"pg_loss is on {pg_loss.device} but train_log_probs of sample 0 is on "
                          f"{train_log_probs[0].device}: slime passes every tensor of the loss on the training device")
+    check_has_data("pg_loss", pg_loss)
 
 
 def check_lengths(total_lengths: Any, response_lengths: Any) -> int:
@@ -126,6 +127,8 @@ def check_one_device(lists: dict[str, Any]) -> None:
             elif t.device != first[1]:
                 raise InputError(f"rollout_data {name}[{i}] is on {t.device} but {first[0]} is on {first[1]}: slime "
                                  "passes every per-token tensor on the training device (check what moved it)")
+    if first is not None:
+        check_has_data(f"rollout_data {first[0]}", lists[first[0].partition("[")[0]][0])
 
 
 def reward_list(rewards: Any, n: int) -> list[float]:
@@ -159,3 +162,12 @@ def check_real(name: str, t: torch.Tensor) -> None:
     the list (``True`` is no reward)."""
     if t.is_complex() or t.dtype == torch.bool:
         raise InputError(f"{name} must hold real numbers, got a tensor of dtype {t.dtype} (check the reward function)")
+    check_has_data(name, t)
+
+
+def check_has_data(name: str, t: torch.Tensor) -> None:
+    """``t`` holds values: a tensor on the ``meta`` device has a shape only (a model built on meta and never
+    materialised)."""
+    if t.device.type == "meta":
+        raise InputError(f"{name} is on the meta device, which holds shapes but no values: pass the tensor on the "
+                         "training device (slime's are on the GPU)")

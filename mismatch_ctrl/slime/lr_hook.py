@@ -9,9 +9,12 @@ optimizer restores the groups' previous values), so the hook is idempotent and r
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
+from ..formatting import brief
 from ._groups import broadcast_from_last_stage, topology
 from .runtime import ADVANTAGE_HOOK, get_runtime
 
@@ -27,6 +30,12 @@ def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, opti
         raise ConfigError(f"before_train_step: the optimizer ({type(optimizer).__name__}) has no param_groups to "
                           "scale; slime passes Megatron's optimizer here (call the hook as slime's train loop does: "
                           "args, rollout_id, step_id, model, optimizer, opt_param_scheduler)")
+    if not all(isinstance(group, Mapping) for group in optimizer.param_groups):
+        raise ConfigError(f"before_train_step: the optimizer's param_groups must be dicts of settings, got "
+                          f"{brief(optimizer.param_groups)}")
+    if isinstance(rollout_id, bool) or not isinstance(rollout_id, numbers.Integral):
+        raise InputError(f"before_train_step: rollout_id must be an integer (slime's rollout index), got "
+                         f"{brief(rollout_id)} ({type(rollout_id).__name__})")
     if runtime.lr_applied is None or runtime.lr_applied[0] != rollout_id:
         seen = runtime.controllers.last_rollout
         if topology().is_last_stage and seen != rollout_id:
@@ -35,6 +44,10 @@ def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, opti
                 f"lr_decay needs --custom-advantage-function-path {ADVANTAGE_HOOK} (it measures response lengths)")
         runtime.lr_applied = (rollout_id, broadcast_from_last_stage(runtime.controllers.lr_scale(rollout_id)))
     scale = runtime.lr_applied[1]
+    if not callable(getattr(opt_param_scheduler, "get_lr", None)):
+        raise ConfigError(f"before_train_step: opt_param_scheduler ({type(opt_param_scheduler).__name__}) has no "
+                          "get_lr(group); slime passes Megatron's OptimizerParamScheduler, which sets each group's lr "
+                          "from the max_lr / min_lr this hook scales")
     base_min = getattr(args, "min_lr", 0.0) or 0.0
     for group in optimizer.param_groups:
         if group.get("default_config", True) is False:

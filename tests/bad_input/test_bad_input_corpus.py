@@ -100,6 +100,29 @@ def correction(section: dict[str, Any], **kwargs: Any) -> Any:
     return hooks.rollout_correction(args=make_args(section), **kwargs)
 
 
+def on_meta(rollout: dict[str, Any]) -> dict[str, Any]:
+    """``rollout`` with every per-token tensor on the meta device (shapes, no values)."""
+    for key in ("loss_masks", "log_probs", "rollout_log_probs", "kl"):
+        rollout[key] = [t.to("meta") for t in rollout[key]]
+    return rollout
+
+
+class Scheduler:
+    """Megatron's OptimizerParamScheduler as the step hook uses it: the lr of a group from its max_lr."""
+
+    @staticmethod
+    def get_lr(group: dict[str, Any]) -> float:
+        return group["max_lr"]
+
+
+def train_step(rollout_id: Any = 0, opt_param_scheduler: Any = Scheduler()) -> None:
+    """``before_train_step`` after one rollout of the length-decay method, as slime calls it."""
+    args = make_args(LENGTH_DECAY)
+    hooks.advantages(args, data())
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    hooks.before_train_step(args, rollout_id, 0, [], optimizer, opt_param_scheduler)
+
+
 def init(section: dict[str, Any] | None, **flags: Any) -> Any:
     args = make_args(section, **flags)
     hooks.on_megatron_init(args)
@@ -305,6 +328,37 @@ ERRORS: dict[str, Bad] = {
                                                  InputError, "sample 0: impossible log-prob (above 0)"),
     "analyze --config binary": bad(lambda t: analysis(run_dir(t), config=write(t, b"\x80\x81\xfe")), ConfigError,
                                    "not UTF-8 text"),
+    # found by a fuzzing pass (2026-11-27)
+    "loss_masks None": bad(lambda t: advantages(method("grpo"), data(loss_masks=None)), InputError,
+                           "rollout_data has no 'loss_masks' (or it is None"),
+    "log-probs on the meta device": bad(lambda t: advantages(method("grpo"), on_meta(data())), InputError,
+                                        "is on the meta device", "training device"),
+    "rewards on the meta device": bad(lambda t: advantages(method("grpo"), data(rewards=torch.zeros(
+        len(BATCH.response_lengths), device="meta"))), InputError, "rewards is on the meta device"),
+    "pg_loss on the meta device": bad(lambda t: correction(GEO, **tis_kwargs(on_meta(data()), pg_loss=torch.zeros(
+        sum(BATCH.response_lengths), device="meta"))), InputError, "pg_loss is on the meta device"),
+    "rejection band above rho = 1": bad(lambda t: build_config({"correction": {"rs_level": "sequence", "rs_low": 1.5,
+                                                                               "rs_high": 2.0}}),
+                                        ConfigError, "mismatch_ctrl.correction.rs_low: need rs_low < 1 < rs_high",
+                                        "got rs_low=1.5"),
+    "rejection band below rho = 1": bad(lambda t: build_config({"correction": {"rs_level": "token", "rs_high": 0.9}}),
+                                        ConfigError, "mismatch_ctrl.correction.rs_high", "got rs_high=0.9"),
+    "IS mask band above rho = 1": bad(lambda t: build_config({"correction": {"is_level": "token", "is_mode": "mask",
+                                                                             "is_low": 1.5, "is_high": 2.0}}),
+                                      ConfigError, "mismatch_ctrl.correction.is_low: need is_low <= 1 <= is_high",
+                                      "got 1.5, 2"),
+    "IS truncation below 1": bad(lambda t: build_config({"correction": {"is_level": "token", "is_high": 0.001}}),
+                                 ConfigError, "mismatch_ctrl.correction.is_high: need is_low <= 1 <= is_high"),
+    "negative surge rise": bad(lambda t: build_config({"lr_decay": {"enabled": True, "surge": {
+        "min_increase_tokens": -100}}}), ConfigError, "mismatch_ctrl.lr_decay.surge.min_increase_tokens: must be >= 0"),
+    "empty method name": bad(lambda t: build_config({"name": " "}), ConfigError, "mismatch_ctrl.name: give the method "
+                                                                                 "a name"),
+    "args.num_experts not a number": bad(lambda t: init(DCGRPO, num_experts="abc"), ConfigError,
+                                         "--num-experts: expected the number of experts", "got 'abc'"),
+    "before_train_step without a scheduler": bad(lambda t: train_step(opt_param_scheduler=None), ConfigError,
+                                                 "opt_param_scheduler (NoneType) has no get_lr"),
+    "before_train_step rollout_id a string": bad(lambda t: train_step(rollout_id="0"), InputError,
+                                                 "rollout_id must be an integer", "got '0' (str)"),
     # [works] categories that were already handled well
     "[works] unknown key": bad(lambda t: build_config({"dcgrpo": {"lamda_0": 0.1}}), ConfigError,
                                "mismatch_ctrl.dcgrpo.lamda_0: unknown key; did you mean 'lambda_0'?"),
@@ -401,6 +455,8 @@ CLI: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "analyze --eps 5": cli(lambda t: ["analyze", str(t), "--eps", "5"], "--eps: must be a number > 0 and < 1.0"),
     "[works] analyze --eps 0": cli(lambda t: ["analyze", str(t), "--eps", "0"], "--eps"),
     "[works] analyze a missing directory": cli(lambda t: ["analyze", str(t / "missing")], "not a directory"),
+    "analyze a file": cli(lambda t: ["analyze", str(write(t, "x", "dump.pt"))], "dump.pt: not a directory; give the "
+                                                                             "--dump-details directory"),
     "analyze --max-response-len of 401 digits": cli(lambda t: ["analyze", str(run_dir(t)), "--max-response-len",
                                                                str(10**400)],
                                                     "argument --max-response-len: must be an integer from 1 to 2^53"),
@@ -509,6 +565,32 @@ def test_log_probs_above_zero_in_the_hooks():
     position = int(impossible["loss_masks"][2].nonzero()[0, 0])
     assert masks[2][position] == 0 and out[sum(BATCH.response_lengths[:2]) + position] == 0
     assert bool(torch.isfinite(out).all()) and all(bool(torch.isfinite(v).all()) for v in metrics.values())
+
+
+def test_log_probs_that_overflowed_to_huge_negatives_count_as_nonfinite():
+    """A finite log-prob below LOG_PROB_FLOOR (-3e38: an overflowed -inf) is dropped and counted like -inf, so the
+    log-ppl metrics stay finite (their float32 sums overflowed before); a large but real one (-1e4) is kept."""
+    huge = with_token("log_probs", -3e38)
+    with pytest.warns(RuntimeWarning, match="< -1e30"):
+        advantages(DCGRPO, huge)
+    assert huge[PREFIX + "nonfinite_tokens"][0] == 1
+    assert all(math.isfinite(huge[PREFIX + name][0]) for name in ("training_log_ppl", "log_ppl_diff", "kl",
+                                                                   "log_ppl_abs_diff", "log_ppl_diff_max"))
+    large = with_token("rollout_log_probs", -1e4)
+    advantages(DCGRPO, large)
+    assert large[PREFIX + "nonfinite_tokens"][0] == 0 and large[PREFIX + "rollout_log_ppl"][0] > 1.0
+    with pytest.raises(InputError, match=r"sample 0: overflowed log-prob \(below -1e30, an -inf\) at response token"):
+        advantages(dict(DCGRPO, nonfinite="error"), with_token("rollout_log_probs", -2e38))
+
+
+def test_grpo_advantages_are_floating_point_whatever_the_kl_dtype():
+    """slime's GRPO gives each token its sample's reward in kl's dtype; an integer or boolean kl would truncate the
+    rewards, so the advantages are float32 then."""
+    rollout = data(kl=[torch.zeros(n, dtype=torch.long) for n in BATCH.response_lengths])
+    advantages(method("grpo"), rollout)
+    assert all(a.dtype == torch.float32 for a in rollout["advantages"])
+    assert [float(a[0]) for a in rollout["advantages"] if a.numel()] == \
+        pytest.approx([r for r, n in zip(BATCH.rewards, BATCH.response_lengths) if n])
 
 
 @pytest.mark.parametrize("saved_lam, lambda_max, expected", [(1e9, None, 1.0), (-5.0, None, 0.0), (0.6, 0.25, 0.25)])
