@@ -28,7 +28,8 @@ from ..formatting import brief, clip
 from ..sketch import histogram_quantiles
 from .dumps import DumpError, RolloutDump, Skipped, find_rollouts, read_rollout
 from .replay import Replay
-from .stats import PRESET_NAMES, PROB_DIFF_QUANTILES, TAIL_THRESHOLDS, quantile_key, rollout_stats, token_batch
+from .stats import (PRESET_NAMES, PROB_DIFF_QUANTILES, TAIL_THRESHOLDS, one_engine_batch, quantile_key, rollout_stats,
+                    token_batch)
 
 DEFAULT_METHOD = "dcgrpo_length_decay"
 DEFAULT_ARCHITECTURE = "moe"
@@ -148,13 +149,14 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
             with warnings.catch_warnings():  # dropped tokens are counted in the report
                 warnings.filterwarnings("ignore", message=re.escape(DROPPED_WARNING))
                 batch = token_batch(dump, config.nonfinite)
+                one_engine = one_engine_batch(dump, config.nonfinite) if batch is None else None
         except (DumpError, InputError) as exc:
             skipped.append(Skipped.of(files.paths, exc))
             continue
-        problems = _problems(dump, batch)
+        problems = _problems(dump, batch, one_engine)
         if batch is not None and not bool((batch.mask > 0).any()):
             batch = None  # nothing to measure: the hook would skip the dual update too
-        stats = rollout_stats(dump, batch, options.max_response_len)
+        stats = rollout_stats(dump, batch, options.max_response_len, one_engine)
         row = stats.row
         row.update(problems, measured=batch is not None, train_log_probs=dump.train_log_probs is not None)
         rewards = None if dump.rewards is None else [r if math.isfinite(r) else 0.0 for r in dump.rewards]
@@ -170,7 +172,7 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
             for i, t in enumerate(TAIL_THRESHOLDS):
                 tail_counts[i] += row["prob_diff_tail"][f">{t:g}"] * trained
         rows.append(row)
-        del dump, batch, stats
+        del dump, batch, one_engine, stats
     if not rows:
         raise DumpError(f"{directory}: no readable rollout{_skipped_text(skipped)}")
 
@@ -217,15 +219,17 @@ def missing_ids(ids: list[int], limit: int = 20) -> dict[str, Any]:
     return {"count": sum(b - a + 1 for a, b in gaps), "ranges": gaps[:limit], "more_ranges": max(len(gaps) - limit, 0)}
 
 
-def _problems(dump: RolloutDump, batch: TokenBatch | None) -> dict[str, Any]:
-    """What the rollout lacks or holds that cannot be used: which log-probs exist, the trained tokens left, the tokens
-    dropped for a NaN/inf or an impossible (> 0) log-prob, and the non-finite rewards (replayed as advantage 0)."""
-    impossible = None if batch is None else batch.impossible_tokens
+def _problems(dump: RolloutDump, batch: TokenBatch | None, one_engine: TokenBatch | None = None) -> dict[str, Any]:
+    """What the rollout lacks or holds that cannot be used: which log-probs exist, the trained tokens left (both
+    engines), the tokens dropped for a NaN/inf or an impossible (> 0) log-prob (of either engine, or of the one there
+    is: ``one_engine``), and the non-finite rewards (replayed as advantage 0)."""
+    checked = batch if batch is not None else one_engine
+    impossible = None if checked is None else checked.impossible_tokens
     rewards = dump.rewards if dump.rewards is not None else dump.raw_rewards
     return {
         "both_log_probs": batch is not None,
         "trained_tokens": None if batch is None else int((batch.mask > 0).sum()),
-        "nonfinite_tokens": None if batch is None else batch.nonfinite_tokens - impossible,
+        "nonfinite_tokens": None if checked is None else checked.nonfinite_tokens - impossible,
         "impossible_tokens": impossible,
         "nonfinite_rewards": None if rewards is None else sum(not math.isfinite(r) for r in rewards),
     }

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..batch import NonFinitePolicy, Segments, TokenBatch
+from ..batch import NonFinitePolicy, TokenBatch
 from ..correction import apply_correction
 from ..metrics import METRIC_COLUMNS, mismatch_metrics
 from ..presets import PRESETS
@@ -47,8 +47,20 @@ def token_batch(dump: RolloutDump, nonfinite: NonFinitePolicy = "mask") -> Token
     return TokenBatch.from_lists(dump.train_log_probs, dump.rollout_log_probs, dump.loss_masks, nonfinite)
 
 
-def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len: int | None) -> RolloutStats:
-    """Statistics of one rollout; the discrepancy parts are None when ``batch`` is None (no training log-probs)."""
+def one_engine_batch(dump: RolloutDump, nonfinite: NonFinitePolicy = "mask") -> TokenBatch | None:
+    """The log-probs of the one engine a rollout has (the other's are missing) as a batch whose two sides are equal:
+    the checks of the two-engine batch (loss masks 0/1, unusable log-probs dropped and counted, or refused with
+    ``nonfinite: error``); None unless exactly one engine's log-probs are there."""
+    present = [lp for lp in (dump.train_log_probs, dump.rollout_log_probs) if lp is not None]
+    if len(present) != 1:
+        return None
+    return TokenBatch.from_lists(present[0], present[0], dump.loss_masks, nonfinite)
+
+
+def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len: int | None,
+                  one_engine: TokenBatch | None = None) -> RolloutStats:
+    """Statistics of one rollout; the discrepancy parts are None when ``batch`` is None (no training log-probs); with
+    only one engine's log-probs (``one_engine``, see :func:`one_engine_batch`) that engine's log-ppl."""
     lengths = torch.tensor(dump.response_lengths, dtype=torch.float64)
     row: dict[str, Any] = {
         "rollout_id": dump.rollout_id,
@@ -78,11 +90,8 @@ def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len:
         count = max(int(trained.sum()), 1)
         row["prob_diff_tail"] = {f">{t:g}": int((values > t).sum()) / count for t in TAIL_THRESHOLDS}
         row["rejection"] = preset_rejections(batch, row["trained_tokens"])
-    else:
-        sides = (("rollout_log_ppl", dump.rollout_log_probs), ("training_log_ppl", dump.train_log_probs))
-        for name, log_probs in sides:
-            if log_probs is not None:
-                row[name] = log_ppl(dump, log_probs)
+    elif one_engine is not None:
+        row["training_log_ppl" if dump.train_log_probs is not None else "rollout_log_ppl"] = log_ppl(one_engine)
     return RolloutStats(row, histogram)
 
 
@@ -105,12 +114,11 @@ def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dic
     return out
 
 
-def log_ppl(dump: RolloutDump, log_probs: list[torch.Tensor]) -> float:
-    """``-E_i[lp]`` of one engine's log-probs, averaged over all sequences, one without trained tokens counting 0
-    (slime's ``rollout_log_ppl`` / ``training_log_ppl``), for a rollout whose other engine's log-probs are missing."""
-    segments = Segments(dump.response_lengths)
-    if not segments.num_tokens:
+def log_ppl(batch: TokenBatch) -> float:
+    """``-E_i[lp]`` of one engine's log-probs (a :func:`one_engine_batch`), averaged over all sequences, one without
+    trained tokens counting 0 (slime's ``rollout_log_ppl`` / ``training_log_ppl``)."""
+    if not batch.segments.num_tokens:
         return 0.0
-    mask = torch.cat(dump.loss_masks).double()
-    sums = segments.sum(mask, torch.cat(log_probs).double() * mask)
+    mask = batch.mask.double()
+    sums = batch.segments.sum(mask, batch.train_log_probs.double() * mask)
     return float((-sums[:, 1] / sums[:, 0].clamp_min(1.0)).mean())

@@ -27,7 +27,7 @@ from slime_data import FULL, PREFIX, make_args, make_batch, method, rollout_data
 
 from mismatch_ctrl.analyze import AnalyzeOptions, analyze_dumps
 from mismatch_ctrl.analyze import analysis as analysis_module
-from mismatch_ctrl.analyze.dumps import DumpError, read_rollout, write_train_dump
+from mismatch_ctrl.analyze.dumps import DumpError, read_rollout, write_rollout_dump, write_train_dump
 from mismatch_ctrl.cli import main
 from mismatch_ctrl.config import build_config, load_config
 from mismatch_ctrl.errors import ConfigError, InputError, StateError
@@ -591,6 +591,37 @@ def test_grpo_advantages_are_floating_point_whatever_the_kl_dtype():
     assert all(a.dtype == torch.float32 for a in rollout["advantages"])
     assert [float(a[0]) for a in rollout["advantages"] if a.numel()] == \
         pytest.approx([r for r, n in zip(BATCH.rewards, BATCH.response_lengths) if n])
+
+
+def rollout_only_run(tmp: Path, mask: list[float] | None = None, log_probs: list[float] | None = None) -> Path:
+    """One rollout dump of 4 samples of 4 tokens (rollout log-probs only, no train_data/), sample 0 changed."""
+    samples = [{"index": i, "group_index": i // 2, "response_length": 4, "tokens": list(range(8)),
+                "rollout_log_probs": [-0.5, -3.0, -0.5, -0.5], "loss_mask": [1] * 4, "reward": float(i % 2),
+                "status": "completed"} for i in range(4)]
+    samples[0]["loss_mask"] = mask or samples[0]["loss_mask"]
+    samples[0]["rollout_log_probs"] = log_probs or samples[0]["rollout_log_probs"]
+    write_rollout_dump(tmp, 0, samples)
+    return tmp
+
+
+@pytest.mark.parametrize("mask", [[-1] * 4, [2, 1, 1, 1]], ids=["-1", "2"])
+def test_rollout_only_dumps_refuse_masks_other_than_0_1_like_train_dumps(tmp_path, mask):
+    with pytest.raises(DumpError, match=r"skipped .*0.pt: sample 0: loss mask value other than 0/1"):
+        analyze_dumps(rollout_only_run(tmp_path, mask=mask), AnalyzeOptions(progress=False))
+
+
+@pytest.mark.parametrize("bad, nonfinite, impossible", [(math.nan, 1, 0), (5.0, 0, 1), (-3e38, 1, 0)])
+def test_rollout_only_dumps_count_unusable_log_probs_and_keep_the_log_ppl_finite(tmp_path, bad, nonfinite,
+                                                                                impossible):
+    """Without the training engine's log-probs the report still has rollout_log_ppl: an unusable log-prob is dropped
+    from it and counted, as with both engines' (it was averaged in, or made the value null, before)."""
+    clean = analyze_dumps(rollout_only_run(tmp_path / "clean"), AnalyzeOptions(progress=False))
+    result = analyze_dumps(rollout_only_run(tmp_path / "bad", log_probs=[bad, -3.0, -0.5, -0.5]),
+                           AnalyzeOptions(progress=False))
+    assert (result["counts"]["nonfinite_tokens"], result["counts"]["impossible_tokens"]) == (nonfinite, impossible)
+    # sample 0 keeps 3 tokens (-3.0, -0.5, -0.5): its mean log-ppl is 4/3 where it was 4.5/4 with the dropped -0.5
+    expected = clean["rollouts"][0]["rollout_log_ppl"] + (4 / 3 - 4.5 / 4) / 4
+    assert result["rollouts"][0]["rollout_log_ppl"] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("saved_lam, lambda_max, expected", [(1e9, None, 1.0), (-5.0, None, 0.0), (0.6, 0.25, 0.25)])
