@@ -311,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser(
         "lab", help="CPU lab: FP8-engine RL on a tiny MoE policy, every method through the slime hooks",
         formatter_class=options.UnbrokenNamesHelpFormatter,
+        usage="%(prog)s [options]          (train and report; the options below)\n"
+              "       %(prog)s compare DIR [DIR ...] [options]   (pool finished runs: %(prog)s compare --help)",
         description="Warm up a tiny transformer (mixture-of-experts by default) on a verifiable task (cached), then "
                     "train it with GRPO from rollouts of an FP8-quantised copy, once per method and seed, calling "
                     "mismatch_ctrl's slime hooks as slime does. Writes OUT/report.md, OUT/summary.json, "
@@ -383,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     lab_commands = lab.add_subparsers(dest="lab_command", metavar="compare")
     compare = lab_commands.add_parser(
-        "compare", help="pool finished runs over several --out directories, or pair two settings",
+        "compare", prog=f"{lab.prog} compare",
+        help="pool finished runs over several --out directories, or pair two settings",
         description="Read the runs of lab output directories once (every run folder checked as --report-only checks "
                     "it) and compare each controller with GRPO on its engine, paired per seed: per directory and "
                     "pooled over them (their seeds differ, so the pairs are independent), or, with --pairs, its gain "
