@@ -50,6 +50,10 @@ def _check_config(ns: argparse.Namespace) -> int:
         print(f"{ns.path}: OK (method {config.name!r}, architecture {config.architecture or 'any'}){where}")
         if config.dcgrpo.enabled:
             print("dcgrpo:\n" + "\n".join(f"  {line}" for line in config.dcgrpo.explain()))
+        if config.correction.active:
+            preset = f" (preset {config.correction_preset!r})" if config.correction_preset != "none" else ""
+            print(f"correction{preset}:\n" +
+                  "\n".join(f"  {line}" for line in config.correction.explain()))
     return 0
 
 

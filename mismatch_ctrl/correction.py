@@ -74,6 +74,19 @@ class CorrectionSpec:
         return self.is_level is not None or self.rs_level is not None or self.rs_k3_max is not None or \
             self.veto is not None
 
+    def explain(self) -> list[str]:
+        """``key: value`` lines of the settings that act (the IS bounds with their defaults filled in), for
+        ``check-config``; none for an inactive spec."""
+        if not self.active:
+            return []
+        defaults = CorrectionSpec()
+        lines = [f"{name}: {value}" for name, value in vars(self).items()
+                 if value != getattr(defaults, name) and name not in ("is_mode", "is_low", "is_high")]
+        if self.is_level is not None:
+            low, high = self.is_bounds
+            lines.insert(1 if lines else 0, f"is_mode: {self.is_mode}, bounds [{low:g}, {high:g}]")
+        return lines
+
     @property
     def is_bounds(self) -> tuple[float, float]:
         """``(C_lo, C_hi)`` of the IS stage, with ``is_low``'s default filled in."""

@@ -62,6 +62,21 @@ def test_without_an_architecture_each_one_is_checked_and_reported(capsys):
     assert capsys.readouterr().out.count(": OK") == 1  # nothing in it depends on the architecture
 
 
+def test_the_resolved_correction_is_printed(tmp_path, capsys):
+    """A preset's settings, or explicit ones with the IS bounds' defaults filled in; nothing without a correction."""
+    assert main(["check-config", str(METHODS / "icepop.yaml")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["correction (preset 'token_mis'):", "  is_level: token",
+                                                        "  is_mode: mask, bounds [0.5, 2]"]
+    path = tmp_path / "clip.yaml"
+    path.write_text("mismatch_ctrl:\n  name: x\n  correction:\n    is_level: token\n    is_mode: clip\n"
+                    "    is_high: 4.0\n    veto: 1.0e-4\n")
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["correction:", "  is_level: token",
+                                                        "  is_mode: clip, bounds [0.25, 4]", "  veto: 0.0001"]
+    assert main(["check-config", str(METHODS / "grpo.yaml")]) == 0
+    assert "correction" not in capsys.readouterr().out
+
+
 def test_version_and_help_without_arguments(capsys):
     import mismatch_ctrl
 
