@@ -118,17 +118,16 @@ def check_tensor_list(name: str, values: Any, n: int) -> None:
 
 def check_one_device(lists: dict[str, Any]) -> None:
     """Every tensor of the per-sample ``lists`` is on the device of the first one (slime builds them all on the
-    training device; a tensor elsewhere would fail deep inside a torch op)."""
+    training device; a tensor elsewhere would fail deep inside a torch op), a device that holds values."""
     first = None
     for name, values in lists.items():
         for i, t in enumerate(values):
             if first is None:
                 first = (f"{name}[{i}]", t.device)
+                check_has_data(f"rollout_data {first[0]}", t)
             elif t.device != first[1]:
                 raise InputError(f"rollout_data {name}[{i}] is on {t.device} but {first[0]} is on {first[1]}: slime "
                                  "passes every per-token tensor on the training device (check what moved it)")
-    if first is not None:
-        check_has_data(f"rollout_data {first[0]}", lists[first[0].partition("[")[0]][0])
 
 
 def reward_list(rewards: Any, n: int) -> list[float]:

@@ -30,9 +30,10 @@ def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, opti
         raise ConfigError(f"before_train_step: the optimizer ({type(optimizer).__name__}) has no param_groups to "
                           "scale; slime passes Megatron's optimizer here (call the hook as slime's train loop does: "
                           "args, rollout_id, step_id, model, optimizer, opt_param_scheduler)")
-    if not all(isinstance(group, Mapping) for group in optimizer.param_groups):
+    groups = optimizer.param_groups
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(group, Mapping) for group in groups):
         raise ConfigError(f"before_train_step: the optimizer's param_groups must be dicts of settings, got "
-                          f"{brief(optimizer.param_groups)}")
+                          f"{brief(groups)}")
     if isinstance(rollout_id, bool) or not isinstance(rollout_id, numbers.Integral):
         raise InputError(f"before_train_step: rollout_id must be an integer (slime's rollout index), got "
                          f"{brief(rollout_id)} ({type(rollout_id).__name__})")

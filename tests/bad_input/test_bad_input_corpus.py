@@ -115,11 +115,14 @@ class Scheduler:
         return group["max_lr"]
 
 
-def train_step(rollout_id: Any = 0, opt_param_scheduler: Any = Scheduler()) -> None:
-    """``before_train_step`` after one rollout of the length-decay method, as slime calls it."""
+def train_step(rollout_id: Any = 0, opt_param_scheduler: Any = Scheduler(), **optimizer_attributes: Any) -> None:
+    """``before_train_step`` after one rollout of the length-decay method, as slime calls it (with the optimizer's
+    attributes replaced by ``optimizer_attributes``)."""
     args = make_args(LENGTH_DECAY)
     hooks.advantages(args, data())
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    for name, value in optimizer_attributes.items():
+        setattr(optimizer, name, value)
     hooks.before_train_step(args, rollout_id, 0, [], optimizer, opt_param_scheduler)
 
 
@@ -357,6 +360,8 @@ ERRORS: dict[str, Bad] = {
                                          "--num-experts: expected the number of experts", "got 'abc'"),
     "before_train_step without a scheduler": bad(lambda t: train_step(opt_param_scheduler=None), ConfigError,
                                                  "opt_param_scheduler (NoneType) has no get_lr"),
+    "before_train_step param_groups None": bad(lambda t: train_step(param_groups=None), ConfigError,
+                                               "param_groups must be dicts of settings", "got None"),
     "before_train_step rollout_id a string": bad(lambda t: train_step(rollout_id="0"), InputError,
                                                  "rollout_id must be an integer", "got '0' (str)"),
     # [works] categories that were already handled well
