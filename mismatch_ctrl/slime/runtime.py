@@ -165,6 +165,18 @@ def check_writable(directory: Path) -> None:
                          "a writable directory (on a file system every rank shares)") from None
 
 
+COUNT_FLAGS = {
+    "rollout_max_response_len": (1, "the length-surge detector caps its threshold by it"),
+    "num_rollout": (1, "the last rollout saves a checkpoint, and the state with it"),
+    "num_rollout_per_epoch": (1, "an epoch's last rollout saves a checkpoint"),
+    "save_interval": (0, "the state is kept for the rollouts a checkpoint follows"),
+    "start_rollout_id": (0, "the first rollout id, which names the state files"),
+}
+"""slime flags the hooks compute with, each ``type=int`` in slime's parser (``slime/utils/arguments.py``; Megatron's
+for ``--save-interval``), default None: checked at init, so a value given another way (a config merged into args, a
+``Namespace`` built by hand) fails there, not after a rollout's work. The least value, and what the hooks use it for."""
+
+
 def check_slime_args(args: Any, config: Config) -> None:
     """Reject slime flag combinations under which the configured method would silently not run."""
     stateful = [name for name, on in (("dcgrpo", config.dcgrpo.enabled), ("lr_decay", config.lr_decay.enabled),
@@ -193,10 +205,10 @@ def check_slime_args(args: Any, config: Config) -> None:
             raise ConfigError(f"lr_decay scales --lr, which must be a finite number > 0, got {brief(lr)}")
         if min_lr is not None and not (_finite(min_lr) and min_lr >= 0):
             raise ConfigError(f"lr_decay scales --min-lr, which must be a finite number >= 0, got {brief(min_lr)}")
-    longest = getattr(args, "rollout_max_response_len", None)  # slime/utils/arguments.py: type=int, default None
-    if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 1):
-        raise ConfigError(f"--rollout-max-response-len must be an integer >= 1 (the length-surge detector caps its "
-                          f"threshold by it), got {brief(longest)}")
+    for attr, (least, use) in COUNT_FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ConfigError(f"--{attr.replace('_', '-')} must be an integer >= {least} ({use}), got {brief(value)}")
     rollouts = getattr(args, "num_rollout", None)
     errors, warnings = inert_settings(config, rollouts if isinstance(rollouts, int) and
                                       not isinstance(rollouts, bool) and rollouts > 0 else None)
