@@ -168,13 +168,13 @@ def check_writable(directory: Path) -> None:
 COUNT_FLAGS = {
     "rollout_max_response_len": (1, "the length-surge detector caps its threshold by it"),
     "num_rollout": (1, "the last rollout saves a checkpoint, and the state with it"),
-    "num_rollout_per_epoch": (1, "an epoch's last rollout saves a checkpoint"),
     "save_interval": (0, "the state is kept for the rollouts a checkpoint follows"),
     "start_rollout_id": (0, "the first rollout id, which names the state files"),
 }
-"""slime flags the hooks compute with, each ``type=int`` in slime's parser (``slime/utils/arguments.py``; Megatron's
-for ``--save-interval``), default None: checked at init, so a value given another way (a config merged into args, a
-``Namespace`` built by hand) fails there, not after a rollout's work. The least value, and what the hooks use it for."""
+"""slime flags the hooks compute with, each ``type=int`` with default None in slime's parser
+(``slime/utils/arguments.py`` at 624b824a, :374, :609, :680; Megatron's for ``--save-interval``): checked at init, so
+a value given another way (a config merged into args, a ``Namespace`` built by hand) fails there, not after a
+rollout's work. The least value, and what the hooks use it for."""
 
 
 def check_slime_args(args: Any, config: Config) -> None:
