@@ -90,8 +90,9 @@ def rollout_stats(dump: RolloutDump, batch: TokenBatch | None, max_response_len:
         count = max(int(trained.sum()), 1)
         row["prob_diff_tail"] = {f">{t:g}": int((values > t).sum()) / count for t in TAIL_THRESHOLDS}
         row["rejection"] = preset_rejections(batch, row["trained_tokens"])
-    elif one_engine is not None:
-        row["training_log_ppl" if dump.train_log_probs is not None else "rollout_log_ppl"] = log_ppl(one_engine)
+    elif one_engine is not None:  # both sides are that engine's: its log-ppl is the metric's
+        name = "training_log_ppl" if dump.train_log_probs is not None else "rollout_log_ppl"
+        row[name] = mismatch_metrics(SeqStats.build(one_engine, METRIC_COLUMNS)).summarize()[name]
     return RolloutStats(row, histogram)
 
 
@@ -112,13 +113,3 @@ def preset_rejections(batch: TokenBatch, trained_tokens: float) -> dict[str, dic
                      "sequences": summary["rejected_seq_fraction"],
                      "clipped": summary.get("is_clip_high_fraction")}
     return out
-
-
-def log_ppl(batch: TokenBatch) -> float:
-    """``-E_i[lp]`` of one engine's log-probs (a :func:`one_engine_batch`), averaged over all sequences, one without
-    trained tokens counting 0 (slime's ``rollout_log_ppl`` / ``training_log_ppl``)."""
-    if not batch.segments.num_tokens:
-        return 0.0
-    mask = batch.mask.double()
-    sums = batch.segments.sum(mask, batch.train_log_probs.double() * mask)
-    return float((-sums[:, 1] / sums[:, 0].clamp_min(1.0)).mean())
