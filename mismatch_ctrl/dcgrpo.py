@@ -31,7 +31,8 @@ Safeties for a floor that drifts [ours; issue 17, ALGORITHMS.md section 2]. The 
   completes and the violation did not halve (median ``C_bar - eps`` of its last ``W // 2`` rollouts above half the
   median of its first ``W // 2``), the budget is infeasible for the policy as it is now: ``eps <- max(eps, 1.1 median
   C_bar)`` over the streak and ``lambda <- lambda_0``; the lift is logged and counted (``drift_guard_lifts``). A
-  streak whose violation halved slides on by one rollout.
+  streak whose violation halved slides on by one rollout. The violations are measured against the eps in force, so
+  any change of eps (the floor guard's clamp, a resume with another eps, a lift) starts a new streak.
 - ``penalty_cap: kappa``: the multiplier that shapes a rollout is ``min(lambda, kappa mean|A| / mean|c~|)`` over the
   trained tokens of the global batch (``c~`` the penalty per unit lambda), so ``mean|penalty| <= kappa mean|A|``.
 - ``zero_advantage: skip``: sequences whose baseline advantage is exactly 0 (GRPO groups whose rewards are all equal)
@@ -369,6 +370,7 @@ class LagrangeController:
             )
             if s.eps_guard == "clamp":
                 self.eps = clamped
+                self.streak.clear()  # its violations were measured against the old eps
                 self._warn_if_no_budget("the infeasible-budget guard")
 
     def _warn_if_no_budget(self, source: str) -> None:
@@ -400,7 +402,7 @@ class LagrangeController:
           the ``observed`` ``C_bar`` are the first of its ``rollouts``; a numeric run's ``eps`` is never below its
           ``eps_setting`` (the guards only raise it).
         - the drift guard's streak keeps its newest ``drift_window - 1`` rollouts (a shorter window may fire at the
-          next update), with a warning when that drops some.
+          next update), with a warning when that drops some; a changed eps starts a new streak.
         """
         s = self.settings
         state = validated(state, self.STATE, where)
@@ -437,6 +439,7 @@ class LagrangeController:
             log.warning("%s: eps changed from %.4g (saved run) to %.4g (configuration): %.4g applies from now on",
                         where, saved_setting, s.eps, s.eps)
             self.eps = float(s.eps)
+            self.streak = []  # its violations were measured against the saved eps
             if self.floor is not None:
                 self._set_floor(self.floor)
         self.lam = state["lam"]

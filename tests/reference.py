@@ -313,7 +313,7 @@ def lagrange_trajectory(c_bars: Sequence[float | None], lambda_0: float, eta: fl
     raises eps to factor x floor (median of the first ``floor_window``) when eps is below it. With ``drift_window``
     W: after W consecutive updates ending at lambda_max (``drift="saturated"``) or with C_bar > eps (``"persistent"``),
     if the median violation of the last W // 2 of them is above half that of the first W // 2, eps becomes
-    max(eps, factor x median of the W C_bars) and lambda lambda_0.
+    max(eps, factor x median of the W C_bars) and lambda lambda_0. Any change of eps empties the window.
     """
     auto = eps == "auto"
     lam, budget = (0.0, None) if auto else (lambda_0, eps)
@@ -334,7 +334,7 @@ def lagrange_trajectory(c_bars: Sequence[float | None], lambda_0: float, eta: fl
                     budget, lam = factor * floor, lambda_0
                     continue
                 if budget < floor and guard == "clamp":
-                    budget = factor * floor
+                    budget, at_max = factor * floor, []
         if budget is None or form == "fixed":
             continue
         lam = clamp(lam + eta * (c - budget), 0.0, lambda_max)

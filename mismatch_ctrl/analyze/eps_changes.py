@@ -1,8 +1,9 @@
 """Which rule changed DC-GRPO's eps, and on what evidence, observed on the controller around each update.
 
 :class:`EpsWatch` takes a snapshot of a :class:`~mismatch_ctrl.dcgrpo.LagrangeController` before its update and
-compares it with the controller after: the controller itself is not touched. One update can change eps in up to two
-steps, in the controller's order (ALGORITHMS.md section 2):
+compares it with the controller after: the controller itself is not touched. One update changes eps by at most one
+of these rules (a change of eps starts a new drift-guard streak, so no lift follows a clamp in the same update;
+docs/algorithms.md section 2):
 
 - ``calibration``: ``eps: auto`` measured its window, eps = factor x median C_bar (the floor);
 - ``infeasible_budget``: the floor was measured, the chosen eps was below it and ``eps_guard: clamp`` raised it to
@@ -55,8 +56,8 @@ class EpsWatch:
         self._before = _Before(c.eps, c.floor, c.lam, c.lifts, tuple(c.streak), c.rollouts)
 
     def after(self, rollout_id: int, c_bar: float | None) -> list[dict[str, Any]]:
-        """The eps changes of the update of ``rollout_id`` (whose ``C_bar`` the update took), in the order they
-        happened; they are also appended to :attr:`changes`."""
+        """The eps change of the update of ``rollout_id`` (whose ``C_bar`` the update took), as a list of none or
+        one; it is also appended to :attr:`changes`."""
         if self._before is None:
             raise RuntimeError("EpsWatch.after() without before(): take the snapshot before the update")
         b, c, s = self._before, self.controller, self.controller.settings
@@ -64,19 +65,15 @@ class EpsWatch:
         if c.rollouts == b.rollouts:
             return []
         found: list[dict[str, Any]] = []
-        eps = b.eps
         if b.floor is None and c.floor is not None:
             window = {"median_c_bar": c.floor, "factor": s.eps_auto_factor, "measured_rollouts": c.window}
             if c.auto:
                 found.append(self._change(rollout_id, None, c.eps, CALIBRATION, window))
-                eps = c.eps
             elif b.eps < c.floor and s.eps_guard == "clamp":
-                clamped = c.eps if c.lifts == b.lifts else s.eps_auto_factor * c.floor
-                found.append(self._change(rollout_id, b.eps, clamped, INFEASIBLE_BUDGET, window))
-                eps = clamped
+                found.append(self._change(rollout_id, b.eps, c.eps, INFEASIBLE_BUDGET, window))
         if c.lifts > b.lifts:
-            evidence = self._drift_evidence(b, rollout_id, c_bar, eps)
-            found.append(self._change(rollout_id, eps, c.eps, DRIFT_GUARD, evidence))
+            evidence = self._drift_evidence(b, rollout_id, c_bar, b.eps)
+            found.append(self._change(rollout_id, b.eps, c.eps, DRIFT_GUARD, evidence))
         self._updated.append(rollout_id)
         self.changes += found
         return found

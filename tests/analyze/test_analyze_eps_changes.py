@@ -34,21 +34,22 @@ def test_watching_leaves_the_controller_as_it_would_be():
     assert seen.state_dict() == alone.state_dict() and alone.lifts >= 1
 
 
-def test_a_clamp_and_a_lift_in_one_update_are_two_changes_in_the_controllers_order():
+def test_a_clamp_starts_a_new_streak_so_a_later_lift_rests_on_rollouts_after_it():
     """Rollout 1 halves the violation (the streak slides to [0.02]); rollout 2 completes the floor window (median 0.05:
-    eps 0.01 is clamped to 0.055) and the streak [0.02, 0.2] (violation -0.035 -> 0.145: eps -> 1.1 x 0.11)."""
+    eps 0.01 is clamped to 0.055), which empties the streak (its violations were measured against eps 0.01) before
+    0.2 starts a new one; rollout 3 completes it (violation 0.145 -> 0.245: eps -> 1.1 x 0.25)."""
     ctrl = controller(floor_rollouts=3, drift_window=2, eps_guard="clamp", drift_guard="persistent")
-    changes = watched(ctrl, [0.05, 0.02, 0.2])
-    assert [(c["rollout_id"], c["guard"]) for c in changes] == [(2, INFEASIBLE_BUDGET), (2, DRIFT_GUARD)]
+    changes = watched(ctrl, [0.05, 0.02, 0.2, 0.3])
+    assert [(c["rollout_id"], c["guard"]) for c in changes] == [(2, INFEASIBLE_BUDGET), (3, DRIFT_GUARD)]
     clamp, lift = changes
     assert clamp["old_eps"] == 0.01 and clamp["new_eps"] == pytest.approx(1.1 * 0.05)
     assert clamp["evidence"] == {"median_c_bar": 0.05, "factor": 1.1, "measured_rollouts": 3}
-    assert lift["old_eps"] == clamp["new_eps"] and lift["new_eps"] == pytest.approx(1.1 * 0.11) == ctrl.eps
+    assert lift["old_eps"] == clamp["new_eps"] and lift["new_eps"] == pytest.approx(1.1 * 0.25) == ctrl.eps
     e = lift["evidence"]
-    assert e["mode"] == "persistent" and e["window"] == 2 and e["rollouts"] == [1, 2]
-    assert e["median_c_bar"] == pytest.approx(0.11)
-    assert e["violation_first_half"] == pytest.approx(0.02 - 0.055)
-    assert e["violation_last_half"] == pytest.approx(0.2 - 0.055)
+    assert e["mode"] == "persistent" and e["window"] == 2 and e["rollouts"] == [2, 3]
+    assert e["median_c_bar"] == pytest.approx(0.25)
+    assert e["violation_first_half"] == pytest.approx(0.2 - 0.055)
+    assert e["violation_last_half"] == pytest.approx(0.3 - 0.055)
 
 
 def test_calibration_is_its_own_change_and_skipped_rollouts_are_not_in_a_streak():
@@ -95,11 +96,12 @@ def test_the_drift_guards_evidence_is_its_modes(mode):
 
 
 def test_a_lift_that_keeps_eps_says_so():
-    """The streak's median times the factor is below eps after a clamp that raised eps past it."""
-    ctrl = controller(floor_rollouts=3, drift_window=2)
-    _, lift = watched(ctrl, [0.05, 0.02, 0.06])
-    assert lift["guard"] == DRIFT_GUARD and lift["old_eps"] == lift["new_eps"] == pytest.approx(0.055)
-    assert "lifted eps 0.0550 -> 0.0550 (1.1 x the streak's median C_bar is not above it: kept)" in \
+    """An eta too small to move lambda off lambda_max (1 - 1e-30 x 0.04 rounds to 1) keeps a saturated streak going
+    below eps; the violation -0.04 -> -0.01 did not halve, and 1.1 x the median 0.025 is below eps 0.05."""
+    ctrl = controller(eps=0.05, lambda_0=1.0, eta=1e-30, eps_guard="off", drift_window=2, drift_guard="saturated")
+    (lift,) = watched(ctrl, [0.01, 0.04])
+    assert lift["guard"] == DRIFT_GUARD and lift["old_eps"] == lift["new_eps"] == 0.05 and ctrl.lifts == 1
+    assert "lifted eps 0.0500 -> 0.0500 (1.1 x the streak's median C_bar is not above it: kept)" in \
         eps_change_text(lift)
 
 

@@ -252,6 +252,26 @@ def test_persistent_drift_guard_lifts_before_lambda_saturates():
     assert ctrl.streak == [] and ctrl.lam < 0.1
 
 
+def test_the_floor_guards_clamp_starts_a_new_streak():
+    """The streak measures violations against eps, so the clamp (eps 0.005 -> 1.1 x 0.010) empties it: the rollouts
+    before it pressed on the old eps and sit below the new one (violation -0.003 -> 0.0008 would look like a drift)."""
+    ctrl = controller(eps=0.005, lambda_0=0.1, floor_rollouts=3, drift_window=4, drift_guard="persistent")
+    run(ctrl, [0.008, 0.010, 0.012])
+    assert ctrl.eps == pytest.approx(0.011) and ctrl.streak == [0.012]
+    ctrl.update(0.0115)
+    assert ctrl.lifts == 0 and ctrl.streak == [0.012, 0.0115] and ctrl.eps == pytest.approx(0.011)
+
+
+def test_a_resume_with_another_eps_starts_a_new_streak():
+    saved = controller(eps=0.01, drift_window=4, drift_guard="persistent")
+    run(saved, [0.03, 0.04, 0.05])  # the floor 0.04 clamps eps to 0.044 and empties the streak; 0.05 starts one
+    assert saved.streak == [0.05]
+    same, changed = (controller(eps=eps, drift_window=4, drift_guard="persistent") for eps in (0.01, 0.06))
+    same.load_state_dict(json.loads(json.dumps(saved.state_dict())))
+    changed.load_state_dict(json.loads(json.dumps(saved.state_dict())))
+    assert same.streak == [0.05] and changed.streak == [] and changed.eps == 0.06
+
+
 def test_cap_bounds_the_penalty_and_zero_advantage_sequences_can_be_spared():
     from mismatch_ctrl.batch import TokenBatch
 
