@@ -12,6 +12,7 @@ reduced batch numbers; :mod:`mismatch_ctrl.host`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -79,13 +80,17 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
 
 
 def checkpoint_rollouts(args: Any) -> Callable[[int], bool]:
-    """Whether slime saves a Megatron checkpoint after rollout r (``should_run_periodic_action`` in train.py)."""
+    """Whether a Megatron checkpoint follows rollout r: slime saves one by this run's schedule
+    (``should_run_periodic_action`` in train.py), or ``--save`` holds one already (``iter_{r:07d}``, Megatron's
+    name: e.g. from a run with another ``--save-interval``)."""
     interval = getattr(args, "save_interval", None)
     last = getattr(args, "num_rollout", None)
     per_epoch = getattr(args, "num_rollout_per_epoch", None)
+    save = getattr(args, "save", None)
 
     def is_checkpoint(r: int) -> bool:
-        return bool(interval) and ((r + 1) % interval == 0 or (last is not None and r == last - 1) or
-                                   (bool(per_epoch) and (r + 1) % per_epoch == 0))
+        scheduled = bool(interval) and ((r + 1) % interval == 0 or (last is not None and r == last - 1) or
+                                        (bool(per_epoch) and (r + 1) % per_epoch == 0))
+        return scheduled or (save is not None and (Path(save) / f"iter_{r:07d}").exists())
 
     return is_checkpoint

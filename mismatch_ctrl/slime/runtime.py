@@ -79,8 +79,12 @@ def _create(args: Any) -> Runtime:
     store = StateStore(Path(save) / "mismatch_ctrl", config.state.keep_last) if save else None
     if store is not None:
         check_writable(store.directory)
-        if controllers.last_rollout is None and store.rollout_ids() and topology().is_main_rank:
-            _move_aside(store)
+        # Files of rollouts this run will write (all, on a fresh start) are another run's or an abandoned attempt's:
+        # mixed in, they would be overwritten, or kept while this run's own newer files are pruned.
+        later = [r for r in store.rollout_ids() if controllers.last_rollout is None or r >= next_rollout]
+        if later and topology().is_main_rank:
+            _move_aside(store, later, "starts afresh" if controllers.last_rollout is None else
+                        f"resumes after rollout {controllers.last_rollout}")
     elif controllers.dcgrpo or controllers.lr or controllers.acrl:
         log.warning("mismatch_ctrl: no --save directory, controller state will not be persisted")
     log.info("mismatch_ctrl: method %r, architecture %s, first rollout %d", config.name, config.architecture,
@@ -88,15 +92,26 @@ def _create(args: Any) -> Runtime:
     return Runtime(config, controllers, store, next_rollout)
 
 
-def _move_aside(store: StateStore) -> None:
-    """A fresh start into a ``--save`` that holds another run's state files: keep them, out of the new run's way
-    (mixed in, the new run's early files would be the oldest and pruned first)."""
-    held = store.rollout_ids()
-    aside = store.directory.with_name(f"{store.directory.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
-    store.directory.rename(aside)
-    store.directory.mkdir()
-    log.warning("mismatch_ctrl: %s held controller state of another run (rollouts %s) while this run starts afresh; "
-                "moved it to %s", store.directory, held, aside)
+def _move_aside(store: StateStore, rollouts: list[int], why: str) -> None:
+    """Move the state files of ``rollouts`` out of this run's way into a new ``<store>.previous-<time>[-k]``
+    directory next to the store, so that nothing is lost."""
+    stamp = store.directory.with_name(f"{store.directory.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+    aside, k = stamp, 1
+    try:
+        while True:
+            try:
+                aside.mkdir()
+                break
+            except FileExistsError:  # a restart within the same second
+                k += 1
+                aside = stamp.with_name(f"{stamp.name}-{k}")
+        for rollout in rollouts:
+            os.replace(store.path(rollout), aside / store.path(rollout).name)
+    except OSError as exc:
+        raise StateError(f"{store.directory}: cannot move the state files of rollouts {rollouts} aside to {aside} "
+                         f"({exc.strerror or exc}): make --save writable, or move them away yourself") from None
+    log.warning("mismatch_ctrl: %s held controller state of rollouts %s while this run %s (another run's, or an "
+                "attempt that went on past its last checkpoint); moved it to %s", store.directory, rollouts, why, aside)
 
 
 def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:

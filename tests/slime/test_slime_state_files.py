@@ -44,6 +44,54 @@ def test_another_runs_state_files_are_moved_aside_not_mixed_or_deleted(tmp_path,
     assert StateStore(tmp_path / "mismatch_ctrl").rollout_ids() == [1, 2, 3]  # the new run's own, newest 3
 
 
+def test_fresh_starts_within_one_second_each_move_the_previous_state_aside(tmp_path, monkeypatch):
+    monkeypatch.setattr("mismatch_ctrl.slime.runtime.time.strftime", lambda fmt: "20261127-000000")
+    for attempt in range(3):
+        args = make_args(method("dcgrpo"), save=str(tmp_path))
+        hooks.on_megatron_init(args)
+        for r in range(2):
+            hooks.advantages(args, rollout_data(make_batch(10 * attempt + r), FULL))
+    aside = sorted(p.name for p in tmp_path.iterdir() if p.name != "mismatch_ctrl")
+    assert aside == ["mismatch_ctrl.previous-20261127-000000", "mismatch_ctrl.previous-20261127-000000-2"]
+    for name in aside:
+        assert StateStore(tmp_path / name).rollout_ids() == [0, 1]
+
+
+def run_rollouts(save, rollouts, **kw):
+    args = make_args(method("dcgrpo"), save=str(save), num_rollout=12, **kw)
+    hooks.on_megatron_init(args)
+    for r in rollouts:
+        hooks.advantages(args, rollout_data(make_batch(r), FULL))
+
+
+def test_a_resume_moves_the_later_rollouts_of_another_run_in_save_aside(tmp_path, caplog):
+    """Run X fills B; run Y resumes checkpoint 3 of A with --save B: X's files of rollouts Y will write (and after)
+    are moved aside, not overwritten or kept while Y's own are pruned."""
+    run_rollouts(tmp_path / "B", range(12), save_interval=4)
+    x = StateStore(tmp_path / "B" / "mismatch_ctrl")
+    x_states = {r: x.path(r).read_bytes() for r in x.rollout_ids()}
+    assert list(x_states) == [3, 7, 9, 10, 11]
+    run_rollouts(tmp_path / "A", range(4), save_interval=4)
+    (tmp_path / "A" / "latest_checkpointed_iteration.txt").write_text("3")
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        run_rollouts(tmp_path / "B", range(4, 8), save_interval=4, load=str(tmp_path / "A"))
+    assert "rollouts [7, 9, 10, 11] while this run resumes after rollout 3" in caplog.text
+    (aside,) = (tmp_path / "B").glob("mismatch_ctrl.previous-*")
+    assert {r: StateStore(aside).path(r).read_bytes() for r in StateStore(aside).rollout_ids()} == \
+        {r: x_states[r] for r in (7, 9, 10, 11)}
+    assert x.rollout_ids() == [3, 5, 6, 7] and x.path(3).read_bytes() == x_states[3]  # Y's newest 3 and X's 3
+
+
+def test_the_state_of_a_checkpoint_in_save_is_kept_when_the_save_interval_changes(tmp_path):
+    run_rollouts(tmp_path, range(8), save_interval=4)
+    for iteration in (3, 7):
+        (tmp_path / f"iter_{iteration:07d}").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7")
+    run_rollouts(tmp_path, range(8, 13), save_interval=5, load=str(tmp_path))
+    assert StateStore(tmp_path / "mismatch_ctrl").rollout_ids() == [3, 7, 9, 10, 11, 12]
+    run_rollouts(tmp_path, range(8, 9), save_interval=5, load=str(tmp_path))  # checkpoint 7 still resumes
+
+
 @pytest.mark.parametrize("content, needle", [
     ("[" * 100_000 + "]" * 100_000, "unreadable"),
     ('{"format": "mismatch_ctrl.state", "version": 3, "rollout_id": 0, "state": ' + "[" * 5000 + "]" * 5000 + "}",
