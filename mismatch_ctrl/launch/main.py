@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StateError
 from ..formatting import clip
 from ..slime.names import TRACKER
 from .command import entrypoint, format_command, job_env, nvls_enable, submit_command, train_args
@@ -29,7 +29,7 @@ from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
 from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems,
-                        path_problems, ray_problems)
+                        path_problems, ray_problems, resume_point)
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -174,9 +174,15 @@ def summary(s: Settings, model: MegatronModel, layout: Layout, method_summary: s
     report.note(f"batch: {layout.rollout_batch_size} prompts x {layout.n_samples_per_prompt} samples per rollout = "
                 f"{steps} optimizer steps of {layout.global_batch_size}; {s['NUM_ROLLOUT']} rollouts; routing replay "
                 f"{'on' if layout.routing_replay else 'off'}")
-    tracker = Path(s["LOAD_DIR"], TRACKER)
-    if tracker.is_file():
-        report.note(f"resume: LOAD_DIR={s['LOAD_DIR']} holds iteration {tracker.read_text().strip()}")
+    try:
+        iteration = resume_point(s)
+    except StateError:
+        return  # named by the path checks
+    if iteration is not None:
+        report.note(f"resume: LOAD_DIR={s['LOAD_DIR']} holds iteration {iteration}")
+    elif Path(s["LOAD_DIR"], TRACKER).is_file():
+        report.note(f"LOAD_DIR={s['LOAD_DIR']} holds a release checkpoint: slime loads it, the controllers start "
+                    "afresh")
     else:
         report.note(f"fresh start: LOAD_DIR={s['LOAD_DIR']} holds no checkpoint, slime loads TORCH_DIST_DIR")
 
@@ -196,6 +202,7 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         report.die(2, str(exc))
 
     errors = s.problems()
+    settings_valid = not errors
     fp8 = inspect_checkpoint(s["FP8_HF_DIR"], "fp8", "FP8_HF_DIR", model)
     if not errors:
         errors += checkpoint_kind_problems(fp8, "FP8_HF_DIR", model, s["MODEL"], s.flag("ALLOW_MODEL_SHAPE_MISMATCH"))
@@ -208,7 +215,7 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             errors.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} does not exist (or set EVAL_INTERVAL=0 to train without "
                           "evaluation)")
     method_summary, method_errors, deferred = method_check(s, model, user.dry_run)
-    errors += method_errors + duplicate_flag_problems(s, model, user.extra)
+    errors += method_errors + (duplicate_flag_problems(s, model, user.extra) if settings_valid else [])
     ray = ray_version() if not errors and not user.prepare else None
     if not errors and not user.prepare:
         words = entrypoint(s, model, user.extra)

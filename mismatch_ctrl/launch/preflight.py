@@ -12,7 +12,8 @@ from typing import Callable
 import yaml
 
 from ..formatting import clip
-from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint
+from ..errors import StateError
+from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker
 from .command import REWARD_FUNCTION, job_env, job_pythonpath
 from .model_shape import CheckpointReport
 from .settings import Settings
@@ -60,6 +61,7 @@ def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str
     if not is_megatron_checkpoint(s["TORCH_DIST_DIR"]):
         out.append(f"TORCH_DIST_DIR={s['TORCH_DIST_DIR']} is not a Megatron checkpoint (no {TRACKER}); run "
                    f"'{launcher} --prepare'")
+    out += resume_problems(s)
     if not Path(s["PROMPT_DATA"]).is_file():
         out.append(f"PROMPT_DATA={s['PROMPT_DATA']} does not exist; run '{launcher} --prepare' (writes DATA_DIR)")
     try:
@@ -71,6 +73,28 @@ def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str
             out.append(f"eval sets of EVAL_CONFIG (with DATA_DIR={s['DATA_DIR']}) do not exist: "
                        f"{' '.join(missing)}; run '{launcher} --prepare' or set EVAL_INTERVAL=0")
     return out
+
+
+def resume_point(s: Settings) -> int | None:
+    """The iteration slime resumes from LOAD_DIR (None: a fresh start, or a ``release`` checkpoint, where the
+    controllers start afresh); :class:`StateError` for a tracker file that Megatron and the hooks refuse."""
+    tracker = Path(s["LOAD_DIR"], TRACKER)
+    if not (tracker.exists() or tracker.is_symlink()):
+        return None
+    if not tracker.is_file():
+        raise StateError(f"{tracker}: not a regular file (a directory, FIFO, device or broken link), so which "
+                         "checkpoint is resumed is unknown")
+    return read_tracker(tracker)
+
+
+def resume_problems(s: Settings) -> list[str]:
+    """LOAD_DIR's checkpoint tracker, read as the hooks read it at ``on_megatron_init`` (after the model loaded)."""
+    try:
+        resume_point(s)
+    except StateError as exc:
+        return [f"LOAD_DIR={s['LOAD_DIR']}: {exc}; fix it, or point LOAD_DIR at a complete checkpoint (or an empty "
+                "directory for a fresh start)"]
+    return []
 
 
 def eval_config_error(s: Settings, exc: Exception) -> str:

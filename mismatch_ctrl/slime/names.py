@@ -1,9 +1,12 @@
 """The names slime and Megatron see: the hooks' dotted paths (what the launcher passes to slime's flags) and
-Megatron's checkpoint tracker file. Standard library only, so the launcher imports them without torch."""
+Megatron's checkpoint tracker file, with its reader. No torch, so the launcher imports them without it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from ..errors import StateError
+from ..formatting import brief
 
 HOOKS = "mismatch_ctrl.slime.hooks"
 ADVANTAGE_HOOK = f"{HOOKS}.advantages"
@@ -24,3 +27,20 @@ TRACKER = "latest_checkpointed_iteration.txt"
 def is_megatron_checkpoint(directory: str | Path) -> bool:
     """Whether ``directory`` holds Megatron's tracker file."""
     return Path(directory, TRACKER).is_file()
+
+
+def read_tracker(path: Path) -> int | None:
+    """The iteration in Megatron's ``latest_checkpointed_iteration.txt`` (None for ``release``); Megatron's own
+    reader accepts an integer or ``release`` and exits on anything else, so :class:`StateError` names the file here,
+    before the controllers silently start afresh."""
+    try:
+        text = path.read_bytes()[:64].decode("utf-8", errors="replace").strip()
+    except OSError as exc:
+        raise StateError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if text == "release":
+        return None
+    if not text.isascii() or not text.isdigit():
+        raise StateError(f"{path}: holds {brief(text, 40)}, not a checkpoint iteration (an integer >= 0, or "
+                         "'release'); Megatron cannot resume from it either: fix the file or point --load at a "
+                         "complete checkpoint")
+    return int(text)

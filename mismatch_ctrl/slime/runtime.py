@@ -24,7 +24,7 @@ from ..errors import ConfigError, StateError
 from ..formatting import brief
 from ..state import StateStore
 from ._groups import topology
-from .names import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK, TRACKER
+from .names import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK, TRACKER, read_tracker
 
 log = logging.getLogger("mismatch_ctrl")
 
@@ -148,23 +148,6 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
         return ControllerSet(config), iteration + 1
     log.info("mismatch_ctrl: restored controller state of rollout %d from %s", iteration, load)
     return controllers, iteration + 1
-
-
-def read_tracker(path: Path) -> int | None:
-    """The iteration in Megatron's ``latest_checkpointed_iteration.txt`` (None for ``release``); Megatron's own
-    reader accepts an integer or ``release`` and exits on anything else, so :class:`StateError` names the file here,
-    before the controllers silently start afresh."""
-    try:
-        text = path.read_bytes()[:64].decode("utf-8", errors="replace").strip()
-    except OSError as exc:
-        raise StateError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if text == "release":
-        return None
-    if not text.isascii() or not text.isdigit():
-        raise StateError(f"{path}: holds {brief(text, 40)}, not a checkpoint iteration (an integer >= 0, or "
-                         "'release'); Megatron cannot resume from it either: fix the file or point --load at a "
-                         "complete checkpoint")
-    return int(text)
 
 
 def check_writable(directory: Path) -> None:

@@ -230,6 +230,37 @@ def test_resume_is_reported(sandbox: Sandbox) -> None:
     assert "holds iteration 39" in result.stderr
 
 
+@pytest.mark.parametrize("content, shown", [
+    (b"abc\n", "holds 'abc', not a checkpoint iteration"),
+    (b"", "holds '', not a checkpoint iteration"),
+    (b"\xff\xfe", "not a checkpoint iteration"),  # not UTF-8: was a UnicodeDecodeError
+    (None, "not a regular file"),  # a directory of that name
+])
+def test_a_tracker_the_hooks_would_refuse_is_named_before_the_job_starts(sandbox: Sandbox, content, shown) -> None:
+    cluster = sandbox.make_cluster()
+    load = sandbox.root / "cluster" / "runs" / "run"
+    load.mkdir(parents=True)
+    tracker = load / "latest_checkpointed_iteration.txt"
+    tracker.mkdir() if content is None else tracker.write_bytes(content)
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"warning (an error at launch): LOAD_DIR={load}: {tracker}: " in result.stderr
+    assert shown in result.stderr
+    assert "resume: LOAD_DIR" not in result.stderr and "fresh start: LOAD_DIR" not in result.stderr
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", env=cluster)
+    assert result.returncode == 1 and shown in result.stderr and "nothing was submitted" in result.stderr
+
+
+def test_a_release_checkpoint_is_reported_as_a_fresh_start_of_the_controllers(sandbox: Sandbox) -> None:
+    cluster = sandbox.make_cluster()
+    load = sandbox.root / "cluster" / "runs" / "run"
+    load.mkdir(parents=True)
+    (load / "latest_checkpointed_iteration.txt").write_text("release\n")
+    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
+    assert result.returncode == 0, result.stderr
+    assert "holds a release checkpoint: slime loads it, the controllers start afresh" in result.stderr
+
+
 def test_30b_dcgrpo_command_on_a_prepared_cluster(slow_runs) -> None:
     _, result, cluster = slow_runs.get("real_check_30b")
     assert result.returncode == 0, result.stderr

@@ -46,6 +46,10 @@ LAYOUT_ERRORS = {
     "unknown_model": ("qwen3_30b_dcgrpo.sh", {"MODEL": "qwen3_14b"}, ["MODEL=qwen3_14b is unknown", "qwen3_8b"]),
     "not_a_number": ("qwen3_30b_dcgrpo.sh", {"NUM_NODES": "two"}, ["NUM_NODES=two must be a positive integer"]),
     "zero_gpus": ("qwen3_30b_dcgrpo.sh", {"GPUS_PER_NODE": "0"}, ["GPUS_PER_NODE=0 must be a positive integer"]),
+    # TP and EVAL_INTERVAL set train.py flags: a traceback from the duplicate-flag check before
+    "tp_not_a_number": ("qwen3_30b_dcgrpo.sh", {"TP": "abc"}, ["TP=abc must be a positive integer"]),
+    "eval_interval_not_integer": ("qwen3_30b_dcgrpo.sh", {"EVAL_INTERVAL": "1.5"},
+                                  ["EVAL_INTERVAL=1.5 must be 0 (off) or a positive integer"]),
     "flag_not_boolean": ("qwen3_30b_dcgrpo.sh", {"ROUTING_REPLAY": "yes"}, ["ROUTING_REPLAY=yes must be 0 or 1"]),
     "unknown_method": ("qwen3_30b_dcgrpo.sh", {"METHOD": "dcgrpoo"},
                        ["dcgrpoo.yaml does not exist", "dcgrpo_length_decay", "geo_mis"]),
