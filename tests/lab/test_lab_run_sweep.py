@@ -264,6 +264,10 @@ def trained(tmp_path_factory) -> Path:
     (lambda f: (f / "metrics.jsonl").write_text('{"step": 0, "rew'), "metrics.jsonl is unreadable"),
     (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().splitlines()[0] + "\n"),
      "metrics.jsonl holds 1 of the run's 2 rollouts"),
+    (lambda f: (f / "metrics.jsonl").write_text("\n".join(reversed((f / "metrics.jsonl").read_text().splitlines()))),
+     "metrics.jsonl holds 2 of the run's 2 rollouts without the final evaluation"),
+    (lambda f: (f / "metrics.jsonl").write_text("\n".join(2 * (f / "metrics.jsonl").read_text().splitlines()[1:])),
+     "metrics.jsonl's line 1 is step 1, not 0: its rollouts are not steps 0 to 1 in order"),
     (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().replace('"reward": ', '"reward": '
                                                                                          'NaN, "x": ', 1)),
      "gives the summary's final_reward = nan, not a finite number"),

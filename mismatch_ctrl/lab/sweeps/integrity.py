@@ -2,9 +2,9 @@
 
 ``commit_run`` records the sha256 of every file of a run in its ``fingerprint.json``; a folder is used only when those
 files are unchanged, its ``run.json`` agrees with the fingerprint and with the folder's name
-(``<method>@<engine>[+r3]/seed<k>``), its ``metrics.jsonl`` holds every rollout with a final evaluation, and its
-summary is finite. Folders written before the hashes were recorded get the same checks without the hashes. Two folders
-holding the same ``metrics.jsonl`` are one run copied: refused, never counted twice.
+(``<method>@<engine>[+r3]/seed<k>``), its ``metrics.jsonl`` holds every rollout in order with a final evaluation, and
+its summary is finite. Folders written before the hashes were recorded get the same checks without the hashes. Two
+folders holding the same ``metrics.jsonl`` are one run copied: refused, never counted twice.
 
 Anything else is a :class:`DamagedRun` naming the folder, what is wrong, and the choice: move the folder out of the
 output directory to keep it (or delete it); the next ``mismatch-ctrl lab`` into that directory trains the run again,
@@ -133,6 +133,10 @@ def _records(folder: Path, settings: LabSettings) -> tuple[list[dict[str, Any]],
     if len(records) != settings.steps or "final_eval_acc_engine" not in records[-1]:
         raise DamagedRun(folder, f"{METRICS_FILE} holds {len(records)} of the run's {settings.steps} rollouts"
                                  + ("" if len(records) != settings.steps else " without the final evaluation"))
+    wrong = next((k for k, r in enumerate(records) if r.get("step") != k), None)
+    if wrong is not None:
+        raise DamagedRun(folder, f"{METRICS_FILE}'s line {wrong + 1} is step {brief(records[wrong].get('step'), 20)}, "
+                                 f"not {wrong}: its rollouts are not steps 0 to {settings.steps - 1} in order")
     return records, hashlib.sha256(content).hexdigest()
 
 
