@@ -51,6 +51,7 @@ from typing import Any, Literal, Mapping, get_args
 
 import torch
 
+from .batch import LOG_RATIO_BOUND
 from .errors import StateError
 from .seqstats import BatchTotals, Columns, Reduced, SeqStats, Tokens
 from .signals import SIGNAL_COLUMNS, Signal
@@ -255,12 +256,25 @@ def shape_advantages(stats: SeqStats, seq_advantages: torch.Tensor | None, setti
 
 
 def budget(value: Any) -> float:
-    """A state check: an ``eps`` in ``(0, EPS_MAX)`` (a state file's eps outside it is corrupt or hand-edited: a budget
-    of 1 or more keeps DC-GRPO off)."""
+    """A state check of the configured ``eps``: in ``(0, EPS_MAX)``, as the configuration requires."""
     out = positive(value)
     if not out < EPS_MAX:
-        raise ValueError(f"must be < {EPS_MAX:g} (|p_train - p_rollout| <= 1: a budget of {EPS_MAX:g} or more keeps "
-                         f"DC-GRPO off), got {out:g}")
+        raise ValueError(f"must be < {EPS_MAX:g} (a mean discrepancy of {EPS_MAX:g} or more is a broken engine, not a "
+                         f"budget), got {out:g}")
+    return out
+
+
+C_BAR_MAX = math.exp(LOG_RATIO_BOUND)
+"""The largest ``C_bar`` any signal gives: log-ratios are clamped to ``[-20, 20]``, so ``|rho - 1|`` and K3 stay below
+``exp(20)``; ``prob_diff`` below 1 and ``|log ratio|`` below 20."""
+
+
+def c_bar(value: Any) -> float:
+    """A state check: a measured ``C_bar`` (calibration, floor, drift streak), in ``[0, C_BAR_MAX]``."""
+    out = nonnegative(value)
+    if not out <= C_BAR_MAX:
+        raise ValueError(f"must be <= exp({LOG_RATIO_BOUND:g}) = {C_BAR_MAX:.4g}, the largest discrepancy a signal "
+                         f"measures, got {out:g}")
     return out
 
 
@@ -376,13 +390,12 @@ class LagrangeController:
     def _warn_if_no_budget(self, source: str) -> None:
         if self.eps >= EPS_MAX:
             log.warning("DC-GRPO eps = %.4g (set by %s) is no budget (>= %g): the rollout engine's discrepancy is that "
-                        "of a broken engine, and DC-GRPO cannot act; check the engine with mismatch-ctrl analyze (a "
-                        "resume refuses this state: state.resume: fresh starts the controllers afresh)", self.eps,
-                        source, EPS_MAX)
+                        "of a broken engine, and DC-GRPO cannot act; check the engine with mismatch-ctrl analyze",
+                        self.eps, source, EPS_MAX)
 
-    STATE = {"lam": number, "eps": optional(budget), "eps_setting": either(literal("auto"), budget),
-             "observed": list_of(nonnegative), "floor": optional(nonnegative), "rollouts": count, "skipped": count,
-             "streak": list_of(nonnegative), "lifts": count}
+    STATE = {"lam": number, "eps": optional(nonnegative), "eps_setting": either(literal("auto"), budget),
+             "observed": list_of(c_bar), "floor": optional(c_bar), "rollouts": count, "skipped": count,
+             "streak": list_of(c_bar), "lifts": count}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
@@ -427,6 +440,9 @@ class LagrangeController:
         if saved_setting != "auto" and state["eps"] < saved_setting:
             raise StateError(f"{where}.eps: {state['eps']:g} is below the run's eps {saved_setting:g}, which the "
                              "infeasible-budget and drift guards only ever raise: the file was edited")
+        if floor is not None and floor != statistics.median(state["observed"]):
+            raise StateError(f"{where}.floor: {floor:g} is not the median {statistics.median(state['observed']):g} of "
+                             "the observed C_bar it was measured from: the file was edited")
         keep = s.drift_window - 1
         if len(state["streak"]) > keep:
             log.warning("%s.streak: %d rollouts saved, more than drift_window - 1 = %d of the configuration: kept "
@@ -442,6 +458,8 @@ class LagrangeController:
             self.streak = []  # its violations were measured against the saved eps
             if self.floor is not None:
                 self._set_floor(self.floor)
+        elif self.eps is not None:
+            self._warn_if_no_budget(f"the saved run, {where}")
         self.lam = state["lam"]
         if not 0.0 <= self.lam <= s.lambda_max:
             clipped = min(max(self.lam, 0.0), s.lambda_max)

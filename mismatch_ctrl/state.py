@@ -196,10 +196,14 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
         raise StateError(f"{path}: cannot write the controller state ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except ValueError as exc:  # NaN or inf: JSON has none, and a reader of the file would refuse it
+        Path(tmp).unlink(missing_ok=True)
+        raise StateError(f"{path}: the controller state holds a non-finite number ({exc}); nothing was written, the "
+                         "previous state file, if any, is intact") from None
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise StateError(f"{path}: cannot write the controller state ({exc.strerror or exc}); the previous state "

@@ -64,26 +64,46 @@ def test_the_hook_init_refuses_and_warns_by_the_same_rule(caplog):
     assert "never complete a streak" in caplog.text
 
 
-@pytest.mark.parametrize("key, value, field", [
-    ("eps", 5.0, "eps"), ("eps", 1.0, "eps"), ("eps", 0.0, "eps"), ("eps_setting", 3.0, "eps_setting"),
-    ("floor", -0.01, "floor"), ("observed", [0.01, -1.0], "observed"), ("streak", [-0.5], "streak"),
+@pytest.mark.parametrize("changes, needle", [
+    ({"eps": 0.0}, r"dcgrpo\.eps: 0 is below the run's eps 0.005"), ({"eps": -1.0}, r"dcgrpo\.eps: must be >= 0"),
+    ({"eps_setting": 3.0}, r"dcgrpo\.eps_setting: must be < 1"), ({"floor": -0.01}, r"dcgrpo\.floor: must be >= 0"),
+    ({"observed": [0.01, -1.0]}, r"dcgrpo\.observed: .*must be >= 0"), ({"streak": [-0.5]}, r"dcgrpo\.streak: .*"
+                                                                                           "must be >= 0"),
+    # C_bar above exp(20), which no signal gives: 1.1 x such a floor could overflow to inf
+    ({"observed": [1e308] * 3, "floor": 1e308, "rollouts": 3}, r"dcgrpo\.observed: .*must be <= exp\(20\)"),
+    ({"observed": [0.01] * 3, "floor": 0.02, "rollouts": 3}, r"dcgrpo\.floor: 0.02 is not the median 0.01"),
 ])
-def test_a_restored_dcgrpo_state_out_of_range_is_refused_naming_the_field(key, value, field):
+def test_a_restored_dcgrpo_state_out_of_range_is_refused_naming_the_field(changes, needle):
     settings = config(dcgrpo={"enabled": True, "eps": 0.005}).dcgrpo
     state = LagrangeController(settings).state_dict()
-    state.update({key: value})
-    with pytest.raises(StateError, match=rf"dcgrpo\.{field}: .*must be"):
+    state.update(changes)
+    with pytest.raises(StateError, match=needle):
         LagrangeController(settings).load_state_dict(state)
 
 
-def test_the_whole_state_refuses_an_eps_of_five_and_changes_nothing():
+def test_the_whole_state_refuses_an_edited_eps_and_changes_nothing():
     controllers = ControllerSet(config(dcgrpo={"enabled": True, "eps": 0.005}))
     state = controllers.state_dict()
-    state["dcgrpo"]["eps"] = 5.0
+    state["dcgrpo"]["eps"] = -5.0
     before = controllers.state_dict()
-    with pytest.raises(StateError, match=r"state_0000003.json: state.dcgrpo.eps: must be < 1"):
+    with pytest.raises(StateError, match=r"state_0000003.json: state.dcgrpo.eps: must be >= 0"):
         controllers.load_state_dict(state, "state_0000003.json: state")
     assert controllers.state_dict() == before
+
+
+def test_a_run_whose_eps_calibrated_past_any_budget_resumes_from_its_own_state(caplog):
+    """A broken engine (mean |log ratio| 0.95) calibrates eps to 1.045 >= 1: the run warns and goes on, and the state
+    it writes resumes (with the warning again), not refused as out of range."""
+    settings = config(dcgrpo={"enabled": True, "eps": "auto", "signal": "log_diff", "calibration_rollouts": 3}).dcgrpo
+    ran = LagrangeController(settings)
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
+        for _ in range(4):
+            ran.update(0.95)
+        assert ran.eps == pytest.approx(1.045) and "is no budget" in caplog.text
+        caplog.clear()
+        restored = LagrangeController(settings)
+        restored.load_state_dict(json.loads(json.dumps(ran.state_dict())))
+    assert restored.state_dict() == ran.state_dict() and "set by the saved run" in caplog.text
 
 
 def tis_kwargs(**changes):

@@ -134,3 +134,13 @@ def test_state_nested_deeper_than_a_state_file_is_unreadable_on_every_python(tmp
                              + "[" * 30 + "]" * 30 + "}}")
     with pytest.raises(StateError, match="nested deeper than a state file's 8 levels"):
         store.load(0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_state_is_refused_at_write_not_at_resume(tmp_path, bad):
+    store = StateStore(tmp_path)
+    store.save(3, {"lam": 0.1})
+    before = store.path(3).read_bytes()
+    with pytest.raises(StateError, match=r"state_0000003.json: the controller state holds a non-finite number"):
+        store.save(3, {"lam": bad})
+    assert store.path(3).read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["state_0000003.json"]

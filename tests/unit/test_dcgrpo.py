@@ -202,6 +202,16 @@ def test_state_round_trips_through_json_and_continues_identically(case, cut):
     assert restored.state_dict() == original.state_dict()
 
 
+def test_an_eps_calibrated_to_zero_round_trips():
+    """Engines that agree exactly (C_bar 0) calibrate eps: auto to 0; the state it writes must resume."""
+    ran = controller(eps="auto", calibration_rollouts=1, lambda_0=0.0, lambda_max=0.0)
+    run(ran, [0.0])
+    assert ran.eps == 0.0
+    restored = controller(eps="auto", calibration_rollouts=1, lambda_0=0.0, lambda_max=0.0)
+    restored.load_state_dict(json.loads(json.dumps(ran.state_dict())))
+    assert restored.state_dict() == ran.state_dict()
+
+
 def ramp_then_plateau(start=0.003, top=0.07, ramp=40, plateau=60):
     """The drifting floor of issue 17: C_bar ramps linearly for ``ramp`` rollouts, then stays at ``top``."""
     return [start + (top - start) * k / (ramp - 1) for k in range(ramp)] + [top] * plateau
