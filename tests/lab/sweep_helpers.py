@@ -51,3 +51,40 @@ def killed_by_the_system(task, sink):
     if task.settings.seed == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return {"label": task.key[0]}, {}
+
+
+def sleeps(task, sink):
+    """A ``LocalExecutor`` target that reports its worker's pid and then trains for ten minutes (sleeps)."""
+    import time
+
+    sink.put(("start", task.key, os.getpid()))
+    time.sleep(600)
+    return {"label": task.key[0]}, {}
+
+
+EXECUTOR_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from mismatch_ctrl.lab.sweeps.executors import LocalExecutor
+from mismatch_ctrl.lab.sweeps.sweep import RunTask
+from mismatch_ctrl.lab.training.methods import RunSpec
+from mismatch_ctrl.lab.training.settings import LabSettings
+from sweep_helpers import sleeps
+def event(item):
+    if item[0] == "start":
+        print(item[2], flush=True)
+tasks = [RunTask(RunSpec("grpo", "e4m3"), LabSettings(seed=seed), b"") for seed in (0, 1)]
+try:
+    LocalExecutor(2, target=sleeps).run(tasks, event, lambda task, out: None)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def start_sleeping_sweep() -> tuple[subprocess.Popen, list[int]]:
+    """A parallel sweep of two sleeping runs in a subprocess, and its two workers' pids once both have started."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", EXECUTOR_SCRIPT.format(tests=str(Path(__file__).parent))], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = [int(proc.stdout.readline()) for _ in range(2)]
+    return proc, pids

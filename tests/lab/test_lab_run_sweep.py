@@ -3,6 +3,7 @@ directories, long names, --report-only on bad files, progress and the summary ta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -157,6 +158,36 @@ def test_ctrl_c_in_a_parallel_sweep_keeps_the_finished_run_and_the_rerun_trains_
     assert f"1 of 4 runs already finished in {out}: kept, not trained again" in stdout, stderr
     assert stderr.count("start ") == 3 and stderr.count("done ") == 3
     assert len(list(out.glob(f"*/seed*/{FINGERPRINT_FILE}"))) == 4 and "grpo@e4m3" in stdout
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_parallel_sweep_stopped_by_a_signal_leaves_no_worker_training_on(how):
+    """SIGTERM (a scheduler, ``timeout``) stops the sweep as Ctrl-C does; after SIGKILL the workers end with their
+    parent. Before, both left the workers training, orphaned, for results nobody would read."""
+    from sweep_helpers import start_sleeping_sweep
+
+    proc, workers = start_sleeping_sweep()
+    try:
+        proc.send_signal(how)
+        stdout, stderr = proc.communicate(timeout=60)
+        if how == signal.SIGTERM:
+            assert stdout.strip() == "interrupted" and "Traceback" not in stderr, stderr
+        assert all(_gone(pid, within=20) for pid in workers)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_stale_lock_of_a_dead_process_is_taken_over_with_a_message(tmp_path):

@@ -6,6 +6,8 @@ calls ``on_event(event)`` for progress (``("start", key)``, ``("step", key, n)``
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import io
 import logging
 import multiprocessing
@@ -13,10 +15,13 @@ import os
 import queue
 import signal
 import socket
+import sys
 import tempfile
+import threading
 import warnings
+from multiprocessing.managers import SyncManager
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -118,9 +123,11 @@ class LocalExecutor:
                 workers[item[1]] = item[2]
             on_event(item)
 
-        with context.Manager() as manager:
+        manager = SyncManager(ctx=context)
+        manager.start(_init_worker)  # the events queue's server, a process that must end with this one too
+        with manager, _terminate_as_interrupt():
             events = manager.Queue()
-            pool = context.Pool(min(self.jobs, len(tasks)), initializer=_ignore_sigint)
+            pool = context.Pool(min(self.jobs, len(tasks)), initializer=_init_worker)
             try:
                 pending = {task.key: (task, pool.apply_async(self.target, (task, events))) for task in tasks}
                 while pending:
@@ -154,9 +161,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _ignore_sigint() -> None:
-    """Pool workers leave Ctrl-C to the parent, which stops them (no traceback from every worker)."""
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While the pool runs, SIGTERM (``kill``, ``timeout``, a job scheduler) stops the sweep as Ctrl-C does: the pool's
+    workers are terminated and the finished runs kept. Without it the parent died at once and its workers trained on,
+    orphaned, for results nobody would read."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _init_worker() -> None:
+    """The pool's workers and the queue's server leave Ctrl-C to the parent, which stops them (no traceback from every
+    worker), and on Linux end with it if it is killed outright (``PR_SET_PDEATHSIG``: SIGTERM when the parent dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):  # no prctl: an orphan ends with its run
+            pass
+
+
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal a process gets when its parent dies (``linux/prctl.h``)."""
 
 
 def _drain(events: Any, on_event: OnEvent) -> None:
