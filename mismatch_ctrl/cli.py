@@ -142,7 +142,7 @@ def _lab_compare(ns: argparse.Namespace) -> int:
     """``mismatch-ctrl lab compare``: pooled differences against GRPO, or interactions with ``--pairs``."""
     from .lab.results.console import interaction_table, pooled_table
     from .lab.results.pooling import interactions, pooled_versus
-    from .lab.sweeps.compare import read_directories, setting_differences
+    from .lab.sweeps.compare import pair_change, read_directories, setting_differences
     from .lab.sweeps.sweep import SweepError
 
     given = _training_options(ns) + (["--cache-dir"] if ns.cache_dir is not None else []) + [
@@ -169,8 +169,17 @@ def _lab_compare(ns: argparse.Namespace) -> int:
               "pool one setting at a time, compare two with --pairs A B, or pool across them on purpose with "
               "--across-settings", file=sys.stderr)
         return 2
+    change = ""
     if ns.pairs:
         pairs = [(str(a), str(b)) for a, b in zip(dirs[::2], dirs[1::2])]
+        fields, change = pair_change(table, *pairs[0])
+        if len(fields) != 1 and not (fields and ns.across_settings):
+            what = (f"differ in {len(fields)} settings ({change})" if fields else
+                    "were trained under the same settings")
+            print(f"mismatch-ctrl lab compare: --pairs compares two settings, but {pairs[0][0]} and {pairs[0][1]} "
+                  f"{what}; " + ("pair directories that differ in one setting, or compare them anyway with "
+                                 "--across-settings" if fields else "pool them without --pairs"), file=sys.stderr)
+            return 2
         rows = interactions(table, pairs, ns.metric)
         text = interaction_table(rows, ns.metric, pairs) if rows else None
         why = "no run is in both directories of a pair with seeds in both (and, but for GRPO, its grpo@<engine>)"
@@ -182,7 +191,8 @@ def _lab_compare(ns: argparse.Namespace) -> int:
     if text is None:
         print(f"mismatch-ctrl lab compare: nothing to compare: {why}", file=sys.stderr)
         return 2
-    print(text + "".join(f"\n\nPooled across settings: {line}" for line in mixed))
+    print(text + (f"\n\nB - A: {change}" if change else "") +
+          "".join(f"\n\nPooled across settings: {line}" for line in mixed))
     return 0
 
 
@@ -411,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--across-settings", action="store_true",
                          help="pool directories trained with different settings (e.g. the MoE and the dense policy; "
                               "the lab settings, the warm-up and each method's configuration, as the runs' "
-                              "fingerprints record them) on purpose; the table names the differences. Without it "
-                              "they are refused")
+                              "fingerprints record them) on purpose, or, with --pairs, pairs A B that differ in more "
+                              "than one setting; the table names the differences. Without it they are refused")
     compare.set_defaults(run=_lab_compare, command_parser=compare)
 
     from .analyze.analysis import eps_option, number_option

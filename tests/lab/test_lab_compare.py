@@ -10,6 +10,7 @@ import math
 import shutil
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,21 +28,21 @@ STEPS = 4
 
 
 def make_runs(out: Path, values: dict[str, dict[int, float]], optimizer_steps: int = 2,
-              warmup: WarmupConfig | None = None) -> Path:
+              warmup: WarmupConfig | None = None, **settings: Any) -> Path:
     """Committed run folders as a sweep leaves them: ``values[label][seed]`` is the run's late (= final) engine
     accuracy; its reward collapses when the value is below 0.1. The warm-up the fingerprints record: ``warmup``, by
     default the add task's preset for the MoE policy."""
     for label, by_seed in values.items():
         spec = RunSpec.parse(label, "e4m3", num_experts=8)
         for seed, value in by_seed.items():
-            settings = LabSettings(steps=STEPS, seed=seed, optimizer_steps=optimizer_steps)
+            run_settings = LabSettings(**{"steps": STEPS, **settings}, seed=seed, optimizer_steps=optimizer_steps)
             rewards = [0.5, 0.0, 0.0, 0.0] if value < 0.1 else [0.5] * STEPS
             records = [{"step": i, "reward": r, "seconds": 1.0 + i} for i, r in enumerate(rewards)]
             records[-1].update(final_eval_acc_engine=value, final_eval_acc_fp32=value, run=f"{label} seed {seed}")
             files = {"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in records).encode(),
                      RUN_FILE: json.dumps({"method": spec.method, "quant": spec.quant, "replay": spec.replay,
-                                           "settings": settings.__dict__}).encode()}
-            commit_run(out, RunTask(spec, settings, b""), files, warmup or warmup_preset("add", "moe"))
+                                           "settings": run_settings.__dict__}).encode()}
+            commit_run(out, RunTask(spec, run_settings, b""), files, warmup or warmup_preset("add", "moe"))
     return out
 
 
@@ -110,6 +111,24 @@ def test_pairs_give_gains_and_their_difference_paired_by_seed_and_pooled_over_pa
     assert "| 4 |" in r3 and interval([*gain_a, 0.1]) in r3 and interval([*gain_b, 0.05]) in r3
     table = RunTable.of(Run(s.summary, (), s.source) for s in [])  # an empty table compares nothing
     assert interactions(table, [("a", "b")], "late_acc_engine") == []
+
+
+def test_pairs_name_the_setting_that_changed_and_refuse_none_or_several(tmp_path, capsys):
+    def values(base: float) -> dict[str, dict[int, float]]:  # other numbers: the same file twice would be a copy
+        return {"grpo@e5m2": {0: base}, "dcgrpo@e5m2": {0: base + 0.1}}
+
+    a = make_runs(tmp_path / "a", values(0.5), optimizer_steps=1)
+    b = make_runs(tmp_path / "b", values(0.4), optimizer_steps=4)
+    code, out, _ = compare(capsys, "--pairs", a, b)
+    assert code == 0 and out.rstrip().endswith("B - A: optimizer_steps: 1 -> 4")
+    same = make_runs(tmp_path / "same", {"grpo@e5m2": {1: 0.5}, "dcgrpo@e5m2": {1: 0.6}}, optimizer_steps=1)
+    code, _, err = compare(capsys, "--pairs", a, same)
+    assert code == 2 and f"{a} and {same} were trained under the same settings; pool them without --pairs" in err
+    two = make_runs(tmp_path / "two", values(0.3), optimizer_steps=4, lr=2e-3)
+    code, _, err = compare(capsys, "--pairs", a, two)
+    assert code == 2 and f"{a} and {two} differ in 2 settings (lr: 0.001 -> 0.002; optimizer_steps: 1 -> 4)" in err
+    code, out, _ = compare(capsys, "--pairs", "--across-settings", a, two)
+    assert code == 0 and "B - A: lr: 0.001 -> 0.002; optimizer_steps: 1 -> 4" in out
 
 
 def test_a_directory_given_twice_however_spelled_is_refused(tmp_path, capsys, monkeypatch):

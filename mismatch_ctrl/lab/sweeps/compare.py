@@ -16,7 +16,7 @@ from typing import Any
 
 from ..results.table import Run, RunTable
 from .integrity import DamagedRun, check_runs, run_folders
-from .sweep import SweepError, differences, digest
+from .sweep import SweepError, changed_fields, differences, digest
 
 IGNORED_SETTINGS = ("seed", "device", "dump_details")
 """Settings that do not make runs different experiments: pooled across directories, and a run's identity without
@@ -69,6 +69,18 @@ def read_directories(directories: list[Path]) -> RunTable:
                                  "directories of other seeds")
             runs.append(row)
     return RunTable.of(runs)
+
+
+def pair_change(table: RunTable, a: str, b: str) -> tuple[list[str], str]:
+    """What directory ``b``'s runs were trained under that ``a``'s were not: the changed fields of their settings and
+    warm-up, and of the configuration of each method both ran; and ``field: a -> b; ...``."""
+    first = {source: next(run for run in table.runs if run.source == source) for source in (a, b)}
+    both = {run.method for run in table.where(a).runs} & {run.method for run in table.where(b).runs}
+    methods = {source: {f"method {run.method}": conditions(run)[f"method {run.method}"]
+                        for run in table.where(source).runs if run.method in both} for source in (a, b)}
+    old, new = ({k: v for k, v in conditions(first[source]).items() if not k.startswith("method ")} | methods[source]
+                for source in (a, b))
+    return changed_fields(old, new), differences(old, new)
 
 
 def setting_differences(table: RunTable) -> list[str]:

@@ -79,10 +79,16 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The dotted names of the leaves in which two nested dictionaries differ, sorted."""
+    a, b = _flatten(old), _flatten(new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+
+
 def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str:
     """``field: old -> new`` for each differing leaf of two nested dictionaries (at most ``limit``)."""
     a, b = _flatten(old), _flatten(new)
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    keys = changed_fields(old, new)
     parts = [f"{k}: {brief(a.get(k, '<absent>'), 40)} -> {brief(b.get(k, '<absent>'), 40)}" for k in keys[:limit]]
     return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
 
