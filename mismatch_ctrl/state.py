@@ -240,7 +240,7 @@ class StateStore:
         path = self.path(rollout_id)
         write_json_atomic(path, {"format": FORMAT, "version": VERSION, "rollout_id": rollout_id, "state": state})
         for old in self.rollout_ids()[:-self.keep_last]:
-            if keep is None or not keep(old):
+            if (keep is None or not keep(old)) and not self.path(old).is_dir():  # a directory is not ours to delete
                 self.path(old).unlink(missing_ok=True)
         return path
 
@@ -273,7 +273,8 @@ class StateStore:
             raise StateError(f"{path}: state version {brief(version)} is not supported (this version reads "
                              f"{', '.join(map(str, sorted([*UPGRADES, VERSION])))}: written by another version of "
                              "mismatch_ctrl)")
-        if document.get("rollout_id") != rollout_id or not isinstance(document.get("state"), dict):
+        if type(document.get("rollout_id")) is not int or document["rollout_id"] != rollout_id or \
+                not isinstance(document.get("state"), dict):  # not 4.0 or true for 4 or 1
             raise StateError(f"{path}: corrupt state (rollout_id {brief(document.get('rollout_id'))}, expected "
                              f"{rollout_id})")
         state = document["state"]

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ..architecture import architecture_of, expert_count, read_hf_config
 from ..errors import ConfigError
-from ..formatting import brief
+from ..formatting import brief, clip
 
 
 @dataclass(frozen=True)
@@ -202,10 +202,11 @@ def read_model_args(path: str | Path) -> MegatronModel:
         raise ConfigError(f"MODEL_ARGS_FILE={path} does not exist (expected recipes/<model>/model.sh)")
     script = 'source "$1" >&2 && ((${#MODEL_ARGS[@]})) && printf "%s\\0" "${MODEL_ARGS[@]}"'
     done = subprocess.run(["bash", "-c", script, "model_args", str(path)], capture_output=True)
-    words = done.stdout.decode().split("\0")[:-1]
+    words = done.stdout.decode(errors="replace").split("\0")[:-1]
     if done.returncode != 0 or not words:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
         raise ConfigError(f"MODEL_ARGS_FILE={path} does not define a MODEL_ARGS array"
-                          + (f" ({done.stderr.decode().strip()[-200:]})" if done.stderr.strip() else ""))
+                          + (f" (bash: {clip(said[-1], 200)})" if said else ""))
     model = MegatronModel(tuple(words))
     model.validate()
     return model

@@ -79,6 +79,16 @@ def test_model_args_with_a_non_integer_are_a_config_error(tmp_path) -> None:
         read_model_args(path)
 
 
+def test_a_model_args_file_that_bash_cannot_run_is_named_with_bash_s_last_line(tmp_path) -> None:
+    path = tmp_path / "model.sh"
+    path.write_bytes(b"echo \xff\xfe >&2\n" + b"x" * 300 + b"_not_a_command\n")  # a long error, not UTF-8 before it
+    with pytest.raises(ConfigError) as raised:
+        read_model_args(path)
+    message = str(raised.value)
+    assert message.startswith(f"MODEL_ARGS_FILE={path} does not define a MODEL_ARGS array (bash: ")
+    assert "line 2: xxx" in message and message.endswith("...)")  # its last line from the start, clipped at the end
+
+
 # -- layout rules ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

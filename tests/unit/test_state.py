@@ -288,6 +288,24 @@ def test_a_version_2_file_resumes_with_the_drift_guard_window_empty(tmp_path):
     assert restored.state_dict() == state
 
 
+@pytest.mark.parametrize("recorded", [4.0, True, "4"])
+def test_a_rollout_id_of_another_type_is_corrupt(tmp_path, recorded):
+    store = StateStore(tmp_path)
+    rollout = 1 if recorded is True else 4
+    document = {"format": "mismatch_ctrl.state", "version": VERSION, "rollout_id": recorded, "state": {}}
+    store.path(rollout).write_text(json.dumps(document))
+    with pytest.raises(StateError, match=rf"corrupt state \(rollout_id .*, expected {rollout}\)"):
+        store.load(rollout)
+
+
+def test_pruning_leaves_a_directory_with_a_state_file_s_name_alone(tmp_path):
+    store = StateStore(tmp_path, keep_last=1)
+    store.path(1).mkdir()
+    store.save(2, {"lam": 0.1})
+    store.save(3, {"lam": 0.2})
+    assert store.path(1).is_dir() and store.rollout_ids() == [1, 3]
+
+
 def test_a_state_path_that_is_not_a_regular_file_is_named_as_such(tmp_path):
     store = StateStore(tmp_path)
     store.path(4).mkdir()
