@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from slime_data import FULL, make_args, make_batch, method, rollout_data
@@ -45,7 +46,8 @@ def test_another_runs_state_files_are_moved_aside_not_mixed_or_deleted(tmp_path,
 
 
 def test_fresh_starts_within_one_second_each_move_the_previous_state_aside(tmp_path, monkeypatch):
-    monkeypatch.setattr("mismatch_ctrl.slime.runtime.time.strftime", lambda fmt: "20261127-000000")
+    # the clock of the hooks' module only (the time module's own strftime also formats the log records)
+    monkeypatch.setattr("mismatch_ctrl.slime.runtime.time", SimpleNamespace(strftime=lambda fmt: "20261127-000000"))
     for attempt in range(3):
         args = make_args(method("dcgrpo"), save=str(tmp_path))
         hooks.on_megatron_init(args)
