@@ -169,17 +169,18 @@ def _lab_compare(ns: argparse.Namespace) -> int:
               "pool one setting at a time, compare two with --pairs A B, or pool across them on purpose with "
               "--across-settings", file=sys.stderr)
         return 2
-    change = ""
+    changes: list[str] = []
     if ns.pairs:
         pairs = [(str(a), str(b)) for a, b in zip(dirs[::2], dirs[1::2])]
-        fields, change = pair_change(table, *pairs[0])
-        if len(fields) != 1 and not (fields and ns.across_settings):
-            what = (f"differ in {len(fields)} settings ({change})" if fields else
-                    "were trained under the same settings")
-            print(f"mismatch-ctrl lab compare: --pairs compares two settings, but {pairs[0][0]} and {pairs[0][1]} "
-                  f"{what}; " + ("pair directories that differ in one setting, or compare them anyway with "
-                                 "--across-settings" if fields else "pool them without --pairs"), file=sys.stderr)
-            return 2
+        for a, b in pairs:
+            count, change = pair_change(table, a, b)
+            if count != 1 and not (count and ns.across_settings):
+                what = f"differ in {count} settings ({change})" if count else "were trained under the same settings"
+                print(f"mismatch-ctrl lab compare: --pairs compares two settings, but {a} and {b} {what}; " +
+                      ("pair directories that differ in one setting, or compare them anyway with --across-settings"
+                       if count else "pool them without --pairs"), file=sys.stderr)
+                return 2
+            changes += [change] if change not in changes else []
         rows = interactions(table, pairs, ns.metric)
         text = interaction_table(rows, ns.metric, pairs) if rows else None
         why = "no run is in both directories of a pair with seeds in both (and, but for GRPO, its grpo@<engine>)"
@@ -191,7 +192,7 @@ def _lab_compare(ns: argparse.Namespace) -> int:
     if text is None:
         print(f"mismatch-ctrl lab compare: nothing to compare: {why}", file=sys.stderr)
         return 2
-    print(text + (f"\n\nB - A: {change}" if change else "") +
+    print(text + "".join(f"\n\nB - A: {change}" for change in changes) +
           "".join(f"\n\nPooled across settings: {line}" for line in mixed))
     return 0
 

@@ -269,7 +269,7 @@ C_BAR_MAX = math.exp(LOG_RATIO_BOUND)
 ``exp(20)``; ``prob_diff`` below 1 and ``|log ratio|`` below 20."""
 
 
-def c_bar(value: Any) -> float:
+def measured_c_bar(value: Any) -> float:
     """A state check: a measured ``C_bar`` (calibration, floor, drift streak), in ``[0, C_BAR_MAX]``."""
     out = nonnegative(value)
     if not out <= C_BAR_MAX:
@@ -326,7 +326,10 @@ class LagrangeController:
         if len(self.observed) < self.window:
             self.observed.append(float(c_bar))
             if len(self.observed) == self.window:
+                eps = self.eps
                 self._set_floor(statistics.median(self.observed))
+                if self.eps != eps:
+                    self.streak.clear()  # its violations were measured against the old eps
                 if self.auto:
                     return
         if self.calibrating or s.penalty_form == "fixed":
@@ -384,7 +387,6 @@ class LagrangeController:
             )
             if s.eps_guard == "clamp":
                 self.eps = clamped
-                self.streak.clear()  # its violations were measured against the old eps
                 self._warn_if_no_budget("the infeasible-budget guard")
 
     def _warn_if_no_budget(self, source: str) -> None:
@@ -394,8 +396,8 @@ class LagrangeController:
                         self.eps, source, EPS_MAX)
 
     STATE = {"lam": number, "eps": optional(nonnegative), "eps_setting": either(literal("auto"), budget),
-             "observed": list_of(c_bar), "floor": optional(c_bar), "rollouts": count, "skipped": count,
-             "streak": list_of(c_bar), "lifts": count}
+             "observed": list_of(measured_c_bar), "floor": optional(measured_c_bar), "rollouts": count,
+             "skipped": count, "streak": list_of(measured_c_bar), "lifts": count}
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the state (restored exactly by ``load_state_dict``)."""
@@ -455,9 +457,10 @@ class LagrangeController:
             log.warning("%s: eps changed from %.4g (saved run) to %.4g (configuration): %.4g applies from now on",
                         where, saved_setting, s.eps, s.eps)
             self.eps = float(s.eps)
-            self.streak = []  # its violations were measured against the saved eps
             if self.floor is not None:
                 self._set_floor(self.floor)
+            if self.eps != state["eps"]:
+                self.streak = []  # its violations were measured against the saved eps
         elif self.eps is not None:
             self._warn_if_no_budget(f"the saved run, {where}")
         self.lam = state["lam"]

@@ -200,10 +200,11 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except ValueError as exc:  # NaN or inf: JSON has none, and a reader of the file would refuse it
+    except ValueError as exc:  # NaN or inf (JSON has none: a reader would refuse them), or a circular reference
         Path(tmp).unlink(missing_ok=True)
-        raise StateError(f"{path}: the controller state holds a non-finite number ({exc}); nothing was written, the "
-                         "previous state file, if any, is intact") from None
+        what = "holds a non-finite number" if "JSON compliant" in str(exc) else "cannot be written as JSON"
+        raise StateError(f"{path}: the controller state {what} ({exc}); nothing was written, the previous state "
+                         "file, if any, is intact") from None
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise StateError(f"{path}: cannot write the controller state ({exc.strerror or exc}); the previous state "

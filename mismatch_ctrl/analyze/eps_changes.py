@@ -71,14 +71,14 @@ class EpsWatch:
                 found.append(self._change(rollout_id, None, c.eps, CALIBRATION, window))
             elif b.eps < c.floor and s.eps_guard == "clamp":
                 found.append(self._change(rollout_id, b.eps, c.eps, INFEASIBLE_BUDGET, window))
-        if c.lifts > b.lifts:
-            evidence = self._drift_evidence(b, rollout_id, c_bar, b.eps)
+        if c.lifts > b.lifts:  # never after a calibration or a clamp: an eps change starts a new streak
+            evidence = self._drift_evidence(b, rollout_id, c_bar)
             found.append(self._change(rollout_id, b.eps, c.eps, DRIFT_GUARD, evidence))
         self._updated.append(rollout_id)
         self.changes += found
         return found
 
-    def _drift_evidence(self, b: _Before, rollout_id: int, c_bar: float, eps: float) -> dict[str, Any]:
+    def _drift_evidence(self, b: _Before, rollout_id: int, c_bar: float) -> dict[str, Any]:
         """The streak the drift guard lifted eps on (the updates before this one that it held, and this one), judged
         against the eps in force when it fired."""
         s = self.controller.settings
@@ -87,8 +87,8 @@ class EpsWatch:
         half = s.drift_window // 2
         return {"mode": s.drift_guard, "window": s.drift_window, "rollouts": rollouts,
                 "median_c_bar": statistics.median(streak), "factor": s.eps_auto_factor,
-                "violation_first_half": statistics.median(streak[:half]) - eps,
-                "violation_last_half": statistics.median(streak[-half:]) - eps,
+                "violation_first_half": statistics.median(streak[:half]) - b.eps,
+                "violation_last_half": statistics.median(streak[-half:]) - b.eps,
                 "lambda_before": b.lam, "lambda_max": s.lambda_max}
 
     @staticmethod

@@ -9,6 +9,7 @@ touched, plus the expert count, KV heads and vocabulary. Dense or MoE is :mod:`m
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,9 +205,11 @@ def read_model_args(path: str | Path) -> MegatronModel:
     done = subprocess.run(["bash", "-c", script, "model_args", str(path)], capture_output=True)
     words = done.stdout.decode(errors="replace").split("\0")[:-1]
     if done.returncode != 0 or not words:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        raise ConfigError(f"MODEL_ARGS_FILE={path} does not define a MODEL_ARGS array"
-                          + (f" (bash: {clip(said[-1], 200)})" if said else ""))
+        said = done.stderr.decode(errors="replace").strip().splitlines()  # bash's errors and the file's own output
+        errors = [line for line in said if re.search(r": line \d+: ", line)]
+        raise ConfigError(f"MODEL_ARGS_FILE={path} does not define a MODEL_ARGS array" +
+                          (f" (bash: {clip(errors[-1], 200)})" if errors else
+                           f" (its last output: {clip(said[-1], 200)})" if said else ""))
     model = MegatronModel(tuple(words))
     model.validate()
     return model

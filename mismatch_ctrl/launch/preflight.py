@@ -13,7 +13,7 @@ import yaml
 
 from ..formatting import clip
 from ..errors import StateError
-from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker
+from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker, tracker_in
 from .command import REWARD_FUNCTION, job_env, job_pythonpath
 from .model_shape import CheckpointReport
 from .settings import Settings
@@ -78,13 +78,8 @@ def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str
 def resume_point(s: Settings) -> int | None:
     """The iteration slime resumes from LOAD_DIR (None: a fresh start, or a ``release`` checkpoint, where the
     controllers start afresh); :class:`StateError` for a tracker file that Megatron and the hooks refuse."""
-    tracker = Path(s["LOAD_DIR"], TRACKER)
-    if not (tracker.exists() or tracker.is_symlink()):
-        return None
-    if not tracker.is_file():
-        raise StateError(f"{tracker}: not a regular file (a directory, FIFO, device or broken link), so which "
-                         "checkpoint is resumed is unknown")
-    return read_tracker(tracker)
+    tracker = tracker_in(s["LOAD_DIR"])
+    return None if tracker is None else read_tracker(tracker)
 
 
 def resume_problems(s: Settings) -> list[str]:
@@ -92,8 +87,7 @@ def resume_problems(s: Settings) -> list[str]:
     try:
         resume_point(s)
     except StateError as exc:
-        return [f"LOAD_DIR={s['LOAD_DIR']}: {exc}; fix it, or point LOAD_DIR at a complete checkpoint (or an empty "
-                "directory for a fresh start)"]
+        return [f"LOAD_DIR={s['LOAD_DIR']} (train.py's --load): {exc}"]
     return []
 
 

@@ -29,6 +29,19 @@ def is_megatron_checkpoint(directory: str | Path) -> bool:
     return Path(directory, TRACKER).is_file()
 
 
+def tracker_in(load: str | Path) -> Path | None:
+    """``{load}/latest_checkpointed_iteration.txt`` when there is one (None: nothing to resume);
+    :class:`StateError` when it is there but no regular file."""
+    tracker = Path(load) / TRACKER
+    if not (tracker.exists() or tracker.is_symlink()):
+        return None
+    if not tracker.is_file():
+        raise StateError(f"{tracker}: not a regular file (a directory, FIFO, device or broken link), so which "
+                         "checkpoint is resumed is unknown; Megatron cannot read it either: fix it or point --load at "
+                         "a complete checkpoint")
+    return tracker
+
+
 def read_tracker(path: Path) -> int | None:
     """The iteration in Megatron's ``latest_checkpointed_iteration.txt`` (None for ``release``); Megatron's own
     reader accepts an integer or ``release`` and exits on anything else, so :class:`StateError` names the file here,

@@ -24,7 +24,7 @@ from ..errors import ConfigError, StateError
 from ..formatting import brief
 from ..state import StateStore
 from ._groups import topology
-from .names import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK, TRACKER, read_tracker
+from .names import ADVANTAGE_HOOK, LR_HOOK, TIS_HOOK, read_tracker, tracker_in
 
 log = logging.getLogger("mismatch_ctrl")
 
@@ -81,10 +81,11 @@ def _create(args: Any) -> Runtime:
         check_writable(store.directory)
         # Files of rollouts this run will write (all, on a fresh start) are another run's or an abandoned attempt's:
         # mixed in, they would be overwritten, or kept while this run's own newer files are pruned.
-        later = [r for r in store.rollout_ids() if controllers.last_rollout is None or r >= next_rollout]
-        if later and topology().is_main_rank:
-            _move_aside(store, later, "starts afresh" if controllers.last_rollout is None else
-                        f"resumes after rollout {controllers.last_rollout}")
+        if topology().is_main_rank:
+            later = [r for r in store.rollout_ids() if controllers.last_rollout is None or r >= next_rollout]
+            if later:
+                _move_aside(store, later, "starts afresh" if controllers.last_rollout is None else
+                            f"resumes after rollout {controllers.last_rollout}")
     elif controllers.dcgrpo or controllers.lr or controllers.acrl:
         log.warning("mismatch_ctrl: no --save directory, controller state will not be persisted")
     log.info("mismatch_ctrl: method %r, architecture %s, first rollout %d", config.name, config.architecture,
@@ -108,10 +109,11 @@ def _move_aside(store: StateStore, rollouts: list[int], why: str) -> None:
         for rollout in rollouts:
             os.replace(store.path(rollout), aside / store.path(rollout).name)
     except OSError as exc:
-        raise StateError(f"{store.directory}: cannot move the state files of rollouts {rollouts} aside to {aside} "
-                         f"({exc.strerror or exc}): make --save writable, or move them away yourself") from None
+        raise StateError(f"{store.directory}: cannot move the state files of rollouts {brief(rollouts)} aside to "
+                         f"{aside} ({exc.strerror or exc}): make --save writable, or move them away yourself") from None
     log.warning("mismatch_ctrl: %s held controller state of rollouts %s while this run %s (another run's, or an "
-                "attempt that went on past its last checkpoint); moved it to %s", store.directory, rollouts, why, aside)
+                "attempt that went on past its last checkpoint); moved it to %s", store.directory, brief(rollouts), why,
+                aside)
 
 
 def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
@@ -123,13 +125,9 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
     controllers = ControllerSet(config)
     start = getattr(args, "start_rollout_id", None)
     load = getattr(args, "load", None)
-    tracker = Path(load) / TRACKER if load else None
-    if getattr(args, "finetune", False) or tracker is None or not (tracker.exists() or tracker.is_symlink()):
+    tracker = tracker_in(load) if load and not getattr(args, "finetune", False) else None
+    if tracker is None:
         return controllers, int(start or 0)
-    if not tracker.is_file():
-        raise StateError(f"{tracker}: not a regular file (a directory, FIFO, device or broken link), so which "
-                         "checkpoint is resumed is unknown; Megatron cannot read it either: fix it or point --load at "
-                         "a complete checkpoint")
     iteration = read_tracker(tracker)
     if iteration is None:
         log.info("mismatch_ctrl: %s names a release checkpoint: the controllers start afresh", tracker)

@@ -81,10 +81,44 @@ except KeyboardInterrupt:
 """
 
 
-def start_sleeping_sweep() -> tuple[subprocess.Popen, list[int]]:
-    """A parallel sweep of two sleeping runs in a subprocess, and its two workers' pids once both have started."""
+def start_sleeping_sweep() -> subprocess.Popen:
+    """A parallel sweep of two sleeping runs in a subprocess; it prints each worker's pid as the worker starts."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", EXECUTOR_SCRIPT.format(tests=str(Path(__file__).parent))], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids = [int(proc.stdout.readline()) for _ in range(2)]
-    return proc, pids
+    return subprocess.Popen([sys.executable, "-c", EXECUTOR_SCRIPT.format(tests=str(Path(__file__).parent))],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_lines(stream, count: int, timeout: float) -> list[str]:
+    """``count`` lines of ``stream``, or fewer if it ends or a line takes more than ``timeout`` seconds (a daemon
+    thread reads, so a silent stream cannot hang the test)."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(stream.readline()) for _ in range(count)], daemon=True).start()
+    out = []
+    for _ in range(count):
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            break
+        if not line:
+            break
+        out.append(line)
+    return out
+
+
+def gone(pid: int, within: float) -> bool:
+    """Whether process ``pid`` ends (or is a zombie: ended, not yet reaped) within ``within`` seconds."""
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False

@@ -129,6 +129,13 @@ def test_pairs_name_the_setting_that_changed_and_refuse_none_or_several(tmp_path
     assert code == 2 and f"{a} and {two} differ in 2 settings (lr: 0.001 -> 0.002; optimizer_steps: 1 -> 4)" in err
     code, out, _ = compare(capsys, "--pairs", "--across-settings", a, two)
     assert code == 0 and "B - A: lr: 0.001 -> 0.002; optimizer_steps: 1 -> 4" in out
+    code, _, err = compare(capsys, "--pairs", "--across-settings", a, two, same, make_runs(
+        tmp_path / "same2", {"grpo@e5m2": {2: 0.4}, "dcgrpo@e5m2": {2: 0.5}}, optimizer_steps=1))
+    assert code == 2 and "were trained under the same settings" in err  # every pair is checked, not the first
+    dense = make_runs(tmp_path / "dense", values(0.2), optimizer_steps=1, policy="dense",
+                      warmup=warmup_preset("add", "dense"))
+    code, out, _ = compare(capsys, "--pairs", a, dense)  # the policy's warm-up changes with it: one setting
+    assert code == 0 and "B - A: policy: 'moe' -> 'dense'; warmup.policy: 'moe' -> 'dense'" in out
 
 
 def test_a_directory_given_twice_however_spelled_is_refused(tmp_path, capsys, monkeypatch):

@@ -160,31 +160,23 @@ def test_ctrl_c_in_a_parallel_sweep_keeps_the_finished_run_and_the_rerun_trains_
     assert len(list(out.glob(f"*/seed*/{FINGERPRINT_FILE}"))) == 4 and "grpo@e4m3" in stdout
 
 
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_a_parallel_sweep_stopped_by_a_signal_leaves_no_worker_training_on(how):
     """SIGTERM (a scheduler, ``timeout``) stops the sweep as Ctrl-C does; after SIGKILL the workers end with their
     parent. Before, both left the workers training, orphaned, for results nobody would read."""
-    from sweep_helpers import start_sleeping_sweep
+    from sweep_helpers import gone, read_lines, start_sleeping_sweep
 
-    proc, workers = start_sleeping_sweep()
+    proc, workers = start_sleeping_sweep(), []
     try:
+        workers = [int(line) for line in read_lines(proc.stdout, 2, timeout=120)]
+        assert len(workers) == 2, proc.stderr.read() if proc.poll() is not None else "the workers did not start"
         proc.send_signal(how)
         stdout, stderr = proc.communicate(timeout=60)
         if how == signal.SIGTERM:
             assert stdout.strip() == "interrupted" and "Traceback" not in stderr, stderr
-        assert all(_gone(pid, within=20) for pid in workers)
+        assert all(gone(pid, within=20) for pid in workers)
     finally:
+        proc.kill()
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -295,8 +287,8 @@ def trained(tmp_path_factory) -> Path:
     (lambda f: (f / "metrics.jsonl").write_text('{"step": 0, "rew'), "metrics.jsonl is unreadable"),
     (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().splitlines()[0] + "\n"),
      "metrics.jsonl holds 1 of the run's 2 rollouts"),
-    (lambda f: (f / "metrics.jsonl").write_text("\n".join(reversed((f / "metrics.jsonl").read_text().splitlines()))),
-     "metrics.jsonl holds 2 of the run's 2 rollouts without the final evaluation"),
+    (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().replace('"step": 1', '"step": 1.0')),
+     "metrics.jsonl's line 2 is step 1.0, not 1"),
     (lambda f: (f / "metrics.jsonl").write_text("\n".join(2 * (f / "metrics.jsonl").read_text().splitlines()[1:])),
      "metrics.jsonl's line 1 is step 1, not 0: its rollouts are not steps 0 to 1 in order"),
     (lambda f: (f / "metrics.jsonl").write_text((f / "metrics.jsonl").read_text().replace('"reward": ', '"reward": '

@@ -244,7 +244,7 @@ def test_a_tracker_the_hooks_would_refuse_is_named_before_the_job_starts(sandbox
     tracker.mkdir() if content is None else tracker.write_bytes(content)
     result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert f"warning (an error at launch): LOAD_DIR={load}: {tracker}: " in result.stderr
+    assert f"warning (an error at launch): LOAD_DIR={load} (train.py's --load): {tracker}: " in result.stderr
     assert shown in result.stderr
     assert "resume: LOAD_DIR" not in result.stderr and "fresh start: LOAD_DIR" not in result.stderr
     result = sandbox.run("qwen3_30b_dcgrpo.sh", env=cluster)

@@ -77,11 +77,15 @@ def test_model_args_with_a_non_integer_are_a_config_error(tmp_path) -> None:
     path.write_text("OTHER=(1)\n")
     with pytest.raises(ConfigError, match="does not define a MODEL_ARGS array"):
         read_model_args(path)
+    path.write_text("OTHER=(1)\necho hello\n")
+    with pytest.raises(ConfigError, match=r"does not define a MODEL_ARGS array \(its last output: hello\)"):
+        read_model_args(path)
 
 
 def test_a_model_args_file_that_bash_cannot_run_is_named_with_bash_s_last_line(tmp_path) -> None:
     path = tmp_path / "model.sh"
-    path.write_bytes(b"echo \xff\xfe >&2\n" + b"x" * 300 + b"_not_a_command\n")  # a long error, not UTF-8 before it
+    # not UTF-8 before a long error, and the file's own output after it
+    path.write_bytes(b"echo \xff\xfe >&2\n" + b"x" * 300 + b"_not_a_command\necho done\n")
     with pytest.raises(ConfigError) as raised:
         read_model_args(path)
     message = str(raised.value)

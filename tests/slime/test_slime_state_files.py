@@ -146,3 +146,12 @@ def test_a_non_finite_state_is_refused_at_write_not_at_resume(tmp_path, bad):
     with pytest.raises(StateError, match=r"state_0000003.json: the controller state holds a non-finite number"):
         store.save(3, {"lam": bad})
     assert store.path(3).read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["state_0000003.json"]
+
+
+def test_a_state_json_cannot_hold_is_named_as_such_and_nothing_is_written(tmp_path):
+    circular: dict = {}
+    circular["self"] = circular
+    with pytest.raises(StateError, match=r"state_0000003.json: the controller state cannot be written as JSON "
+                                         r"\(Circular reference detected\)"):
+        StateStore(tmp_path).save(3, circular)
+    assert list(tmp_path.iterdir()) == []

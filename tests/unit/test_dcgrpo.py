@@ -272,14 +272,17 @@ def test_the_floor_guards_clamp_starts_a_new_streak():
     assert ctrl.lifts == 0 and ctrl.streak == [0.012, 0.0115] and ctrl.eps == pytest.approx(0.011)
 
 
-def test_a_resume_with_another_eps_starts_a_new_streak():
+def test_a_resume_whose_eps_in_force_changes_starts_a_new_streak():
     saved = controller(eps=0.01, drift_window=4, drift_guard="persistent")
     run(saved, [0.03, 0.04, 0.05])  # the floor 0.04 clamps eps to 0.044 and empties the streak; 0.05 starts one
-    assert saved.streak == [0.05]
-    same, changed = (controller(eps=eps, drift_window=4, drift_guard="persistent") for eps in (0.01, 0.06))
-    same.load_state_dict(json.loads(json.dumps(saved.state_dict())))
-    changed.load_state_dict(json.loads(json.dumps(saved.state_dict())))
-    assert same.streak == [0.05] and changed.streak == [] and changed.eps == 0.06
+    assert saved.streak == [0.05] and saved.eps == pytest.approx(0.044)
+    # eps 0.02 is clamped back to the same 0.044: the streak holds; eps 0.06 is above the floor and applies
+    same, clamped, changed = (controller(eps=eps, drift_window=4, drift_guard="persistent")
+                              for eps in (0.01, 0.02, 0.06))
+    for resumed in (same, clamped, changed):
+        resumed.load_state_dict(json.loads(json.dumps(saved.state_dict())))
+    assert same.streak == clamped.streak == [0.05] and clamped.eps == saved.eps
+    assert changed.streak == [] and changed.eps == 0.06
 
 
 def test_cap_bounds_the_penalty_and_zero_advantage_sequences_can_be_spared():

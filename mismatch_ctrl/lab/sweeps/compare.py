@@ -71,16 +71,20 @@ def read_directories(directories: list[Path]) -> RunTable:
     return RunTable.of(runs)
 
 
-def pair_change(table: RunTable, a: str, b: str) -> tuple[list[str], str]:
-    """What directory ``b``'s runs were trained under that ``a``'s were not: the changed fields of their settings and
-    warm-up, and of the configuration of each method both ran; and ``field: a -> b; ...``."""
+def pair_change(table: RunTable, a: str, b: str) -> tuple[int, str]:
+    """How many settings directory ``b``'s runs were trained under differently from ``a``'s, and ``field: a -> b;
+    ...``. A setting is a lab setting, a method's configuration (of each method both ran), or the warm-up, which counts
+    only when no lab setting changed (the policy or the task change the warm-up with them)."""
     first = {source: next(run for run in table.runs if run.source == source) for source in (a, b)}
     both = {run.method for run in table.where(a).runs} & {run.method for run in table.where(b).runs}
     methods = {source: {f"method {run.method}": conditions(run)[f"method {run.method}"]
                         for run in table.where(source).runs if run.method in both} for source in (a, b)}
     old, new = ({k: v for k, v in conditions(first[source]).items() if not k.startswith("method ")} | methods[source]
                 for source in (a, b))
-    return changed_fields(old, new), differences(old, new)
+    changed = {field.split(".")[0] if field.startswith(("warmup.", "method ")) else field
+               for field in changed_fields(old, new)}
+    count = len(changed - {"warmup"}) or len(changed)
+    return count, differences(old, new)
 
 
 def setting_differences(table: RunTable) -> list[str]:

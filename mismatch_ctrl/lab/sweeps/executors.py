@@ -124,10 +124,10 @@ class LocalExecutor:
             on_event(item)
 
         manager = SyncManager(ctx=context)
-        manager.start(_init_worker)  # the events queue's server, a process that must end with this one too
+        manager.start(_init_worker, (os.getpid(),))  # the events queue's server: it must end with this process too
         with manager, _terminate_as_interrupt():
             events = manager.Queue()
-            pool = context.Pool(min(self.jobs, len(tasks)), initializer=_init_worker)
+            pool = context.Pool(min(self.jobs, len(tasks)), initializer=_init_worker, initargs=(os.getpid(),))
             try:
                 pending = {task.key: (task, pool.apply_async(self.target, (task, events))) for task in tasks}
                 while pending:
@@ -176,19 +176,22 @@ def _terminate_as_interrupt() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # None: a handler not installed from Python, which cannot be put back; the default then
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
     """The pool's workers and the queue's server leave Ctrl-C to the parent, which stops them (no traceback from every
-    worker), and on Linux end with it if it is killed outright (``PR_SET_PDEATHSIG``: SIGTERM when the parent dies)."""
+    worker), and on Linux end with it if it is killed outright (``PR_SET_PDEATHSIG``: SIGTERM when the parent dies;
+    a parent that died before that was set is seen as a new parent pid)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         except (OSError, AttributeError):  # no prctl: an orphan ends with its run
             pass
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 PR_SET_PDEATHSIG = 1

@@ -133,7 +133,7 @@ def _records(folder: Path, settings: LabSettings) -> tuple[list[dict[str, Any]],
     if len(records) != settings.steps or "final_eval_acc_engine" not in records[-1]:
         raise DamagedRun(folder, f"{METRICS_FILE} holds {len(records)} of the run's {settings.steps} rollouts"
                                  + ("" if len(records) != settings.steps else " without the final evaluation"))
-    wrong = next((k for k, r in enumerate(records) if r.get("step") != k), None)
+    wrong = next((k for k, r in enumerate(records) if type(r.get("step")) is not int or r["step"] != k), None)
     if wrong is not None:
         raise DamagedRun(folder, f"{METRICS_FILE}'s line {wrong + 1} is step {brief(records[wrong].get('step'), 20)}, "
                                  f"not {wrong}: its rollouts are not steps 0 to {settings.steps - 1} in order")
