@@ -220,14 +220,25 @@ def test_dry_run_warns_about_a_wrong_block_size(sandbox: Sandbox) -> None:
     assert "weight_block_size [64, 64]; expected fp8 and [128, 128]" in result.stderr
 
 
-def test_resume_is_reported(sandbox: Sandbox) -> None:
+def cluster_with_tracker(sandbox: Sandbox, content: bytes | None) -> tuple[dict[str, str], Path]:
+    """A prepared cluster whose LOAD_DIR holds ``latest_checkpointed_iteration.txt`` with ``content`` (a directory of
+    that name for None); and the tracker's path."""
     cluster = sandbox.make_cluster()
-    save = sandbox.root / "cluster" / "runs" / "run"
-    save.mkdir(parents=True)
-    (save / "latest_checkpointed_iteration.txt").write_text("39")
+    tracker = sandbox.root / "cluster" / "runs" / "run" / "latest_checkpointed_iteration.txt"
+    tracker.parent.mkdir(parents=True)
+    tracker.mkdir() if content is None else tracker.write_bytes(content)
+    return cluster, tracker
+
+
+@pytest.mark.parametrize("content, shown", [
+    (b"39", "resume: LOAD_DIR={load} holds iteration 39"),
+    (b"release\n", "LOAD_DIR={load} holds a release checkpoint: slime loads it, the controllers start afresh"),
+])
+def test_resume_is_reported(sandbox: Sandbox, content, shown) -> None:
+    cluster, tracker = cluster_with_tracker(sandbox, content)
     result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
     assert result.returncode == 0, result.stderr
-    assert "holds iteration 39" in result.stderr
+    assert shown.format(load=tracker.parent) in result.stderr
 
 
 @pytest.mark.parametrize("content, shown", [
@@ -237,28 +248,15 @@ def test_resume_is_reported(sandbox: Sandbox) -> None:
     (None, "not a regular file"),  # a directory of that name
 ])
 def test_a_tracker_the_hooks_would_refuse_is_named_before_the_job_starts(sandbox: Sandbox, content, shown) -> None:
-    cluster = sandbox.make_cluster()
-    load = sandbox.root / "cluster" / "runs" / "run"
-    load.mkdir(parents=True)
-    tracker = load / "latest_checkpointed_iteration.txt"
-    tracker.mkdir() if content is None else tracker.write_bytes(content)
+    cluster, tracker = cluster_with_tracker(sandbox, content)
     result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert f"warning (an error at launch): LOAD_DIR={load} (train.py's --load): {tracker}: " in result.stderr
+    assert f"warning (an error at launch): LOAD_DIR={tracker.parent} (train.py's --load): {tracker}: " in \
+        result.stderr
     assert shown in result.stderr
     assert "resume: LOAD_DIR" not in result.stderr and "fresh start: LOAD_DIR" not in result.stderr
     result = sandbox.run("qwen3_30b_dcgrpo.sh", env=cluster)
     assert result.returncode == 1 and shown in result.stderr and "nothing was submitted" in result.stderr
-
-
-def test_a_release_checkpoint_is_reported_as_a_fresh_start_of_the_controllers(sandbox: Sandbox) -> None:
-    cluster = sandbox.make_cluster()
-    load = sandbox.root / "cluster" / "runs" / "run"
-    load.mkdir(parents=True)
-    (load / "latest_checkpointed_iteration.txt").write_text("release\n")
-    result = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=cluster)
-    assert result.returncode == 0, result.stderr
-    assert "holds a release checkpoint: slime loads it, the controllers start afresh" in result.stderr
 
 
 def test_30b_dcgrpo_command_on_a_prepared_cluster(slow_runs) -> None:
