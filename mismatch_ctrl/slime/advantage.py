@@ -81,8 +81,10 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
 
 def checkpoint_rollouts(args: Any) -> Callable[[int], bool]:
     """Whether a Megatron checkpoint follows rollout r: slime saves one by this run's schedule
-    (``should_run_periodic_action`` in train.py), or ``--save`` holds one already (``iter_{r:07d}``, Megatron's
-    name: e.g. from a run with another ``--save-interval``)."""
+    (``should_run_periodic_action`` in train.py), or ``--save`` holds one already, e.g. from a run with another
+    ``--save-interval``: slime's ``save_model(r)`` calls Megatron's ``save_checkpoint(iteration=r)``, which writes
+    ``{save}/iter_{r:07d}/`` (slime 624b824a ``actor.py:571-593``, ``model.py:946-974``; docs/slime-integration.md
+    section 5)."""
     interval = getattr(args, "save_interval", None)
     last = getattr(args, "num_rollout", None)
     per_epoch = getattr(args, "num_rollout_per_epoch", None)
