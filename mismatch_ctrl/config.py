@@ -99,6 +99,18 @@ class _StrictLoader(yaml.SafeLoader):
                     key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # beyond Python's digit limit for int(str): no setting takes such a number
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} characters; no setting takes a number this large: write "
+                            "the value the setting needs (a float such as 1e30 where it is a number)",
+                node.start_mark) from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
 
 def read_yaml(path: str | Path) -> Any:
     """The YAML document in ``path`` (duplicate keys refused); :class:`ConfigError` naming the file otherwise."""

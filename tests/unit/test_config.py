@@ -135,6 +135,15 @@ def test_file_level_errors(tmp_path):
         load_config(write(tmp_path, "dcgrpo:\n  enabled: true\n"))
 
 
+def test_an_integer_beyond_pythons_digit_limit_names_its_line_and_key(tmp_path):
+    text = "mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    lambda_max: " + "9" * 5000 + "\n"
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    message = str(err.value)
+    assert "an integer of 5000 characters" in message and "line 4" in message and "lambda_max" in message
+    assert load_config(write(tmp_path, text.replace("9" * 5000, "9" * 40)), num_experts=128).dcgrpo.lambda_max == 1e40
+
+
 def test_slime_mis_yaml_keys_are_aliases():
     section = {"mis_level": "sequence", "mis_mode": "clip", "mis_lower_bound": 0.5, "mis_upper_bound": 2.0,
                "mis_veto_threshold": "1.0e-4"}
