@@ -68,7 +68,7 @@ class Replay:
                 mean_response_length: float) -> dict[str, Any]:
         """Advance both controllers by one rollout; ``rewards`` (GRPO's per-sample advantage) give the baseline
         token advantages (zeros without them: then the penalty share is not meaningful and is left out)."""
-        record: dict[str, Any] = {"rollout_id": rollout_id}
+        record: dict[str, Any] = {"rollout_id": rollout_id, "has_rewards": rewards is not None}
         if batch is not None:
             advantages = torch.tensor(list(rewards) if rewards is not None else [0.0] * batch.num_seqs,
                                       dtype=torch.float32)
@@ -109,6 +109,7 @@ class Replay:
             "lambda_final": ctrl.lam,
             "rollouts_replayed": ctrl.rollouts,
             "rollouts_without_train_log_probs": sum(r["chosen"] is None for r in self.records),
+            "rollouts_without_rewards": sum(r["chosen"] is not None and not r["has_rewards"] for r in self.records),
             "fraction_above_eps": sum(x["discrepancy"] > x["eps"] for x in judged) / len(judged) if judged else None,
             "fraction_at_lambda_max": (sum(x["lambda_next"] >= s.lambda_max for x in steps) / len(steps)
                                        if steps and s.penalty_form != "fixed" else None),

@@ -68,8 +68,7 @@ def _recommendations(result: dict[str, Any]) -> list[str]:
                          f"{_pct(replay['fraction_capped'])} of the rollouts.")
         lines.append(f"C_bar exceeded eps in {_pct(replay['fraction_above_eps'])} of the rollouts; lambda ends at "
                      f"{fmt(replay['lambda_final'], 4)} and sits at lambda_max after "
-                     f"{_pct(replay['fraction_at_lambda_max'])} of them; mean penalty share (|lambda c| / |A|) "
-                     f"{fmt(replay['penalty_share_mean'])}.")
+                     f"{_pct(replay['fraction_at_lambda_max'])} of them; {_penalty_share_text(replay)}.")
         lines.append(_replay_verdict(replay))
         lines += ["", "**Rollout correction presets** (what each would have rejected on these rollouts; TIS presets "
                       "reject nothing and truncate the weights of the 'truncated' fraction):", ""]
@@ -154,6 +153,18 @@ def _data_problems(counts: dict[str, Any]) -> list[str]:
         return []
     return [f"**Unusable data**: {'; '.join(parts)}. Such tokens are left out of every statistic (as the hooks leave "
             "them out of the loss, counting them in `nonfinite_tokens`); check the engine that produced them.", ""]
+
+
+def _penalty_share_text(replay: dict[str, Any]) -> str:
+    """The mean penalty share, and which rollouts it leaves out: without rewards the replay's advantages are zeros."""
+    missing = replay.get("rollouts_without_rewards", 0)
+    if replay["penalty_share_mean"] is None:
+        if not missing:
+            return "no penalty share measured"
+        return (f"the penalty share (|lambda c| / |A|) is not measured: the dumps of {missing} rollout(s) hold no "
+                "`rewards` (the group-normalised rewards of slime's train dump, GRPO's advantages |A|)")
+    text = f"mean penalty share (|lambda c| / |A|) {fmt(replay['penalty_share_mean'])}"
+    return text + (f" over the rollouts whose dumps hold rewards ({missing} without)" if missing else "")
 
 
 def _replay_verdict(replay: dict[str, Any]) -> str:

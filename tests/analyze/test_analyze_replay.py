@@ -184,3 +184,32 @@ def test_report_names_each_eps_change_with_its_own_value_and_guard(run, tmp_path
         assert "sat at" not in line and ("at lambda_max" in line) == (lam >= 0.3)
     reached = [c["evidence"]["lambda_before"] >= 0.3 for c in changes[1:]]
     assert not any(reached) if eta == 2.0 else any(reached) and not all(reached)
+
+
+@pytest.mark.parametrize("without", [{2, 3}, set(range(6))])
+def test_penalty_share_leaves_out_and_names_the_rollouts_without_rewards(tmp_path, without):
+    """Train dumps without ``rewards`` give zero advantages: their penalty share is not measured, and the report says
+    why instead of printing a bare '-'."""
+    g = torch.Generator().manual_seed(12)
+    truth = [make_rollout(i, g, samples=4, max_len=12, noise=0.02) for i in range(6)]
+    for r in truth:
+        if r.rollout_id in without:
+            r.omit = {"rewards"}
+    write_run(tmp_path, truth)
+    method = tmp_path / "method.yaml"
+    method.write_text("mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    calibration_rollouts: 2\n")
+    result = analyze_dumps(tmp_path, AnalyzeOptions(config=method, architecture="moe", progress=False))
+    summary = result["dcgrpo_replay"]
+    shares = [row["replay"]["chosen"]["penalty_share"] for row in result["rollouts"]]
+    assert [share is None for share in shares] == [r.rollout_id in without for r in truth]
+    assert summary["rollouts_without_rewards"] == len(without)
+    report = write_report(result, tmp_path / "analysis").read_text()
+    if len(without) == len(truth):
+        assert summary["penalty_share_mean"] is None
+        assert (f"the penalty share (|lambda c| / |A|) is not measured: the dumps of {len(truth)} rollout(s) hold "
+                "no `rewards`") in report
+    else:
+        measured = [share for share in shares if share is not None]
+        assert summary["penalty_share_mean"] == pytest.approx(sum(measured) / len(measured))
+        assert (f"mean penalty share (|lambda c| / |A|) {fmt(summary['penalty_share_mean'])} over the rollouts whose "
+                f"dumps hold rewards ({len(without)} without)") in report
