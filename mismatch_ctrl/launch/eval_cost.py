@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from .preflight import eval_data_files
+from .preflight import eval_sets
 from .settings import Settings
 
 RECORDED_PROMPTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675}
@@ -68,18 +66,14 @@ def eval_cost(s: Settings) -> EvalCost | None:
     interval = s.int("EVAL_INTERVAL")
     if interval == 0:
         return None
-    with open(s["EVAL_CONFIG"]) as f:
-        config = (yaml.safe_load(f) or {}).get("eval", {})
-    defaults = config.get("defaults") or {}
     responses = tokens = 0
     unknown = []
-    for dataset, path in zip(config.get("datasets") or [], eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"])):
-        prompts = _prompts(path, str(dataset.get("name")))
+    for dataset in eval_sets(s):
+        prompts = _prompts(dataset.path, dataset.name)
         if prompts is None:
-            unknown.append(str(dataset.get("name")))
+            unknown.append(dataset.name)
             continue
-        samples = int(dataset.get("n_samples_per_eval_prompt", defaults.get("n_samples_per_eval_prompt", 1)))
-        length = int(dataset.get("max_response_len", defaults.get("max_response_len", s.int("MAX_RESPONSE_LEN"))))
+        samples, length = dataset.samples, dataset.max_response_len
         responses += prompts * samples
         tokens += prompts * samples * length
     rollouts = s.int("NUM_ROLLOUT")

@@ -22,14 +22,15 @@ from ..formatting import clip
 from ..slime.names import TRACKER
 from .command import entrypoint, format_command, job_env, nvls_enable, submit_command, train_args
 from .layout import Layout, engine_problems, trainer_problems
+from .context_length import OVERRIDE_FLAG, context_override, override_problems, response_length_problems
 from .eval_cost import eval_cost
 from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
-from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, host_memory_bytes, import_problems, local_gpu_problems,
-                        path_problems, ray_problems, resume_point)
+from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, host_memory_bytes, import_problems,
+                        local_gpu_problems, path_problems, ray_problems, resume_point)
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -148,6 +149,23 @@ def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
                              "config.json yet")
 
 
+def response_lengths_check(s: Settings, shape: ModelShape, source: str, extra: Sequence[str]
+                           ) -> tuple[list[str], list[str]]:
+    """(errors, warnings): the training and evaluation response lengths against the rollout engine's context length
+    (:mod:`.context_length`)."""
+    try:
+        evaluation = eval_sets(s)
+    except EVAL_CONFIG_ERRORS:
+        evaluation = []  # the path checks name an EVAL_CONFIG that cannot be read
+    lengths = {"MAX_RESPONSE_LEN": s.int("MAX_RESPONSE_LEN"),
+               **{f"max_response_len of eval set {e.name} (EVAL_CONFIG)": e.max_response_len for e in evaluation}}
+    override = context_override(extra)
+    if override is None:
+        return response_length_problems(lengths, shape.context_length, source)
+    errors, warnings = response_length_problems(lengths, override, f"{OVERRIDE_FLAG} after --")
+    return errors, override_problems(override, shape.context_length, source) + warnings
+
+
 def trained_shape(shape: ModelShape, model: MegatronModel) -> ModelShape:
     """The engine's shape with the dense / MoE layer split Megatron builds from MODEL_ARGS_FILE (they differ only when
     ALLOW_MODEL_SHAPE_MISMATCH=1 accepted a config.json with other MoE layers): the training memory and host RAM
@@ -208,12 +226,16 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         errors += checkpoint_kind_problems(fp8, "FP8_HF_DIR", model, s["MODEL"], s.flag("ALLOW_MODEL_SHAPE_MISMATCH"))
     shape, source = engine_shape(s, fp8)
     layout = None
+    length_warnings: list[str] = []
     if not errors:
         layout = Layout.from_settings(s)
         errors += trainer_problems(layout, model) + engine_problems(layout, shape, source)
         if s.int("EVAL_INTERVAL") > 0 and not Path(s["EVAL_CONFIG"]).is_file():
             errors.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} does not exist (or set EVAL_INTERVAL=0 to train without "
                           "evaluation)")
+        else:
+            length_errors, length_warnings = response_lengths_check(s, shape, source, user.extra)
+            errors += length_errors
     method_summary, method_errors, deferred = method_check(s, model, user.dry_run)
     errors += method_errors + (duplicate_flag_problems(s, model, user.extra) if settings_valid else [])
     ray = ray_version() if not errors and not user.prepare else None
@@ -250,7 +272,7 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
                       fp8_training=s["TRAIN_PRECISION"] == "fp8", trained=trained_shape(shape, model))
     for line in memory.lines():
         report.note(line)
-    for line in memory.warnings():
+    for line in memory.warnings() + length_warnings:
         report.warn(line)
     try:
         cost = eval_cost(s)

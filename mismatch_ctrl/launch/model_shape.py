@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from ..architecture import architecture_of, expert_count, read_hf_config
 from ..errors import ConfigError
 from ..formatting import brief, clip
+from .context_length import DEFAULT_CONTEXT_LENGTH, sglang_context_length
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class ModelShape:
 
     ``dense_layers`` counts the layers with a dense MLP (all of them for a dense model; for Qwen3-MoE the layers in
     ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid). ``weight_block_size`` is
-    ``quantization_config.weight_block_size`` (``None`` for an unquantised checkpoint).
+    ``quantization_config.weight_block_size`` (``None`` for an unquantised checkpoint). ``context_length`` is the one
+    SGLang derives from the file (:func:`~.context_length.sglang_context_length`).
     """
 
     hidden_size: int
@@ -42,6 +44,7 @@ class ModelShape:
     num_experts_per_tok: int = 0
     tie_word_embeddings: bool = False
     weight_block_size: tuple[int, int] | None = None
+    context_length: int = DEFAULT_CONTEXT_LENGTH
 
     @property
     def is_moe(self) -> bool:
@@ -88,6 +91,7 @@ class ModelShape:
             num_experts_per_tok=integer("num_experts_per_tok") if experts else 0,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             weight_block_size=tuple(block) if block else None,
+            context_length=sglang_context_length(config),
         )
 
 

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -34,14 +35,43 @@ def eval_data_files(eval_config: str, data_dir: str) -> list[str]:
             for dataset in datasets]
 
 
-EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError)
-"""What reading an unusable EVAL_CONFIG raises in :func:`eval_data_files`."""
+EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError)
+"""What reading an unusable EVAL_CONFIG raises in :func:`eval_data_files` and :func:`eval_sets`."""
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One dataset of ``EVAL_CONFIG`` with the values it runs with (its own, else the file's ``defaults``, else
+    slime's ``--rollout-*`` values)."""
+
+    name: str
+    path: str
+    samples: int
+    max_response_len: int
+
+
+def eval_sets(s: Settings) -> list[EvalSet]:
+    """The datasets of ``s``'s ``EVAL_CONFIG`` (none with ``EVAL_INTERVAL=0``); ``EVAL_CONFIG`` must be readable."""
+    if s.int("EVAL_INTERVAL") == 0:
+        return []
+    with open(s["EVAL_CONFIG"]) as f:
+        config = (yaml.safe_load(f) or {}).get("eval", {})
+    defaults = config.get("defaults") or {}
+
+    def value(dataset: dict, key: str, fallback: int) -> int:
+        given = dataset.get(key, defaults.get(key, fallback))
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise ValueError(f"dataset {dataset.get('name')}: {key} is {given!r}, not a positive integer")
+        return given
+    return [EvalSet(str(dataset.get("name")), path, value(dataset, "n_samples_per_eval_prompt", 1),
+                    value(dataset, "max_response_len", s.int("MAX_RESPONSE_LEN")))
+            for dataset, path in zip(config.get("datasets") or [], eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"]))]
 
 
 def job_data_files(s: Settings) -> list[str]:
     """The data files the job reads: PROMPT_DATA and, with evaluation on, the eval sets of EVAL_CONFIG (raises one of
-    :data:`EVAL_CONFIG_ERRORS` if EVAL_CONFIG cannot be read)."""
-    return [s["PROMPT_DATA"], *(eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"]) if s.int("EVAL_INTERVAL") > 0 else [])]
+    :data:`EVAL_CONFIG_ERRORS` if EVAL_CONFIG cannot be read or holds a value of the wrong form)."""
+    return [s["PROMPT_DATA"], *(dataset.path for dataset in eval_sets(s))]
 
 
 def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str]:

@@ -44,13 +44,14 @@ PROFILES: dict[str, ModelProfile] = {
         hf_name="Qwen3-30B-A3B", launcher="launch/qwen3_30b_dcgrpo.sh",
         shape=ModelShape(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
                          head_dim=128, intermediate_size=6144, vocab_size=151936, dense_layers=0, num_experts=128,
-                         moe_intermediate_size=768, num_experts_per_tok=8, weight_block_size=(128, 128)),
+                         moe_intermediate_size=768, num_experts_per_tok=8, weight_block_size=(128, 128),
+                         context_length=40960),
         tp=2, ep=8, rollout_gpus_per_engine=4, rollout_ep=4, optimizer_cpu_offload=True, max_tokens_per_gpu=20480),
     "qwen3_8b": ModelProfile(
         hf_name="Qwen3-8B", launcher="launch/qwen3_8b_dcgrpo.sh",
         shape=ModelShape(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, intermediate_size=12288, vocab_size=151936, dense_layers=36,
-                         weight_block_size=(128, 128)),
+                         weight_block_size=(128, 128), context_length=40960),
         tp=2, ep=1, rollout_gpus_per_engine=2, rollout_ep=1, optimizer_cpu_offload=False, max_tokens_per_gpu=16384),
 }
 

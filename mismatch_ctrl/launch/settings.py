@@ -206,7 +206,7 @@ class Settings:
         """A line per value of the wrong form (integers, 0/1 flags, choices, PASS_ENV names)."""
         out = [f"{name}={self[name]} must be a positive integer" for name in POSITIVE_INTEGERS
                if not self.is_positive_integer(name)]
-        if not re.fullmatch(r"[0-9]+", self["EVAL_INTERVAL"]):
+        if not re.fullmatch(r"0|[1-9][0-9]*", self["EVAL_INTERVAL"]):  # the form of the other integers
             out.append(f"EVAL_INTERVAL={self['EVAL_INTERVAL']} must be 0 (off) or a positive integer")
         out += [f"{name}={self[name]} must be 0 or 1" for name in FLAGS if self[name] not in ("0", "1")]
         if self["NCCL_NVLS_ENABLE"] not in ("0", "1", "auto"):

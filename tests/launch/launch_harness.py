@@ -37,11 +37,12 @@ HF_CONFIGS = {
         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
         "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
         "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "tie_word_embeddings": False,
+        "max_position_embeddings": 40960, "rope_scaling": None,
     },
     "qwen3_8b": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
         "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "tie_word_embeddings": False,
+        "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960, "rope_scaling": None,
     },
 }
 MODELS = {

@@ -50,6 +50,9 @@ LAYOUT_ERRORS = {
     "tp_not_a_number": ("qwen3_30b_dcgrpo.sh", {"TP": "abc"}, ["TP=abc must be a positive integer"]),
     "eval_interval_not_integer": ("qwen3_30b_dcgrpo.sh", {"EVAL_INTERVAL": "1.5"},
                                   ["EVAL_INTERVAL=1.5 must be 0 (off) or a positive integer"]),
+    "eval_interval_leading_zero": ("qwen3_30b_dcgrpo.sh", {"EVAL_INTERVAL": "08"},  # refused as PP=08 is
+                                   ["EVAL_INTERVAL=08 must be 0 (off) or a positive integer"]),
+    "pp_leading_zero": ("qwen3_30b_dcgrpo.sh", {"PP": "08"}, ["PP=08 must be a positive integer"]),
     "flag_not_boolean": ("qwen3_30b_dcgrpo.sh", {"ROUTING_REPLAY": "yes"}, ["ROUTING_REPLAY=yes must be 0 or 1"]),
     "unknown_method": ("qwen3_30b_dcgrpo.sh", {"METHOD": "dcgrpoo"},
                        ["dcgrpoo.yaml does not exist", "dcgrpo_length_decay", "geo_mis"]),
