@@ -804,6 +804,10 @@ def test_unsafe_load_reads_what_the_safe_load_refuses(tmp_path):
     samples[0]["rewards"], samples[1]["rewards"], samples[2]["extra"] = np.float64(0.5), np.float32(-0.5), np.arange(3)
     write_train_dump(tmp_path / "numpy", 0, samples, {"raw_reward": list(np.array([0.0, 1.0, 1.0]))})
     assert analysis(tmp_path / "numpy")["counts"]["measured"] == 1
+    # Pickle writes the buffer of an empty array (a 0-token response's numpy log-probs) and b"" as a call of bytes.
+    samples[0]["extra"], samples[1]["extra"] = np.zeros(0, np.float32), b""
+    write_train_dump(tmp_path / "empty", 0, samples, {"raw_reward": [0.0, 1.0, 1.0]})
+    assert analysis(tmp_path / "empty")["counts"]["measured"] == 1
 
 
 def test_huge_response_length_without_tokens_allocates_nothing(tmp_path):
