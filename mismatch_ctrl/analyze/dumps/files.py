@@ -8,11 +8,12 @@ in the file (:func:`checked_id`) is skipped with the reason (:class:`Skipped`).
 
 Loading: the files are pickles. They are loaded with ``torch.load(weights_only=True)``, which builds only tensors,
 numbers, strings, byte strings, lists and dicts, plus numpy arrays and scalars (a custom reward function may return
-them) and dates and times (parquet metadata), allowed explicitly (:func:`safe_globals`), so a crafted file cannot run code. Train
-dumps always load this way; a rollout dump holds whatever the run's ``Sample`` carries, and one with other objects
-(multimodal inputs such as PIL images) is refused with the type named. ``unsafe_load=True`` (``mismatch-ctrl analyze
---unsafe-load``) uses ``weights_only=False`` as slime's own reader does: a dump can then run arbitrary code, so only
-for dumps of your own runs. A truncated, foreign or refused file is a :class:`DumpError` that names it.
+them) and dates and times (parquet metadata), allowed explicitly (:func:`safe_globals`), so a crafted file cannot run
+code. Train dumps always load this way; a rollout dump holds whatever the run's ``Sample`` carries, and one with other
+objects (multimodal inputs such as PIL images) is refused with the type named. ``unsafe_load=True``
+(``mismatch-ctrl analyze --unsafe-load``) uses ``weights_only=False`` as slime's own reader does: a dump can then run
+arbitrary code, so only for dumps of your own runs. A truncated, foreign or refused file is a :class:`DumpError`
+that names it.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def safe_globals() -> list[Any]:
     dtypes = {type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                                          np.uint32, np.uint64, np.float16, np.float32, np.float64)}
     reconstruct, scalar = core.multiarray._reconstruct, core.multiarray.scalar
-    return [np.ndarray, np.dtype, reconstruct, scalar, *sorted(dtypes, key=str), bytes, datetime.datetime, datetime.date,
-            datetime.time, datetime.timedelta, datetime.timezone,
+    return [np.ndarray, np.dtype, reconstruct, scalar, *sorted(dtypes, key=str), bytes, datetime.datetime,
+            datetime.date, datetime.time, datetime.timedelta, datetime.timezone,
             (reconstruct, "numpy.core.multiarray._reconstruct"), (scalar, "numpy.core.multiarray.scalar")]
 
 
@@ -193,9 +194,9 @@ def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
             raise DumpError(f"{path}: cannot be read as a torch dump (UnpicklingError: {_short(reason)})") from None
         raise DumpError(f"{path}: refused: it holds the type {clip(found.group(1), 80)}, and unpickling it could run "
                         "code from the file (safe loading builds tensors, numbers, strings, byte strings, lists, "
-                        "dicts, numpy arrays and dates). A rollout dump of a run whose samples carry such objects (multimodal "
-                        "inputs) needs --unsafe-load: use it only for dumps of your own runs, or analyse the train "
-                        "dumps (--dump-details) alone") from None
+                        "dicts, numpy arrays and dates). A rollout dump of a run whose samples carry such objects "
+                        "(multimodal inputs) needs --unsafe-load: use it only for dumps of your own runs, or analyse "
+                        "the train dumps (--dump-details) alone") from None
     except Exception as exc:  # a truncated or foreign file can fail in pickle, zipfile or torch: report, never crash
         detail = _short(exc) or "empty or truncated file"
         raise DumpError(f"{path}: cannot be read as a torch dump ({type(exc).__name__}: {detail})") from None
