@@ -245,11 +245,20 @@ def _analyze(ns: argparse.Namespace) -> int:
         print(f"mismatch-ctrl analyze: no rollout could be measured, the report has no discrepancy numbers: {why} "
               "(the report's 'Skipped files and notes' names each file and the reason)", file=sys.stderr)
         return 1
-    if result["skipped"]:
-        print(f"mismatch-ctrl analyze: {len(result['skipped'])} dump file(s) or rollout(s) skipped, "
-              f"{counts['measured']} rollout(s) measured (the report's 'Skipped files and notes' names each and the "
-              "reason)", file=sys.stderr)
+    partial = [row["rollout_id"] for row in result["rollouts"] if any("not used" in note for note in row["notes"])]
+    if result["skipped"] or partial:
+        skipped = f"{len(result['skipped'])} dump file(s) or rollout(s) skipped, " if result["skipped"] else ""
+        refused_part = (f"{len(partial)} rollout(s) with a refused dump file read from their other dump (rollouts "
+                        f"{_id_list(partial)}), " if partial else "")
+        print(f"mismatch-ctrl analyze: {skipped}{refused_part}{counts['measured']} rollout(s) measured (the report's "
+              "'Skipped files and notes' names each and the reason)", file=sys.stderr)
     return 0
+
+
+def _id_list(ids: list[int], shown: int = 8) -> str:
+    """``0, 3, 5`` or ``0, 3, ... (12 in all)``."""
+    text = ", ".join(map(str, ids[:shown]))
+    return text if len(ids) <= shown else f"{text}, ... ({len(ids)} in all)"
 
 
 def _check_outputs(out: Path, json_path: Path | None, create: bool) -> None:

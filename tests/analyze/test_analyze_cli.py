@@ -148,3 +148,17 @@ def test_a_lab_output_without_dumps_points_to_dump_details(tmp_path, capsys, lay
     assert main(["analyze", str(tmp_path if layout == "out" else run)]) == 2
     err = capsys.readouterr().err
     assert "lab output without dumps" in err and "mismatch-ctrl lab --dump-details" in err
+
+
+def test_rollouts_read_without_a_refused_train_dump_are_said_on_the_console(tmp_path, capsys, no_plots):
+    """A train dump cut short next to its rollout dump (a job killed mid-write): the rollout is read from the rollout
+    dump alone, without the training engine's log-probs; the console says so, not only the report."""
+    g = torch.Generator().manual_seed(4)
+    write_run(tmp_path, [make_rollout(i, g, samples=4, noise=0.03) for i in range(4)])
+    for k in (1, 3):
+        path = tmp_path / "train_data" / f"{k}.pt"
+        path.write_bytes(path.read_bytes()[:100])
+    assert main(["analyze", str(tmp_path), "--arch", "moe"]) == 0
+    err = capsys.readouterr().err
+    assert "2 rollout(s) with a refused dump file read from their other dump (rollouts 1, 3), 2 rollout(s) " \
+           "measured" in err and "skipped" not in err.split("(the report")[0]
