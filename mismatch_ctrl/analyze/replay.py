@@ -7,7 +7,8 @@ so the replay is the controller, not a re-implementation:
   the eps in force, every change of eps with the rule that made it and its evidence (:mod:`.eps_changes`: the
   calibration, the infeasible-budget guard, the drift guard), the discrepancy ``C_bar``, the penalty share and where
   the penalty cap held lambda down;
-- ``auto``: the same with ``eps: auto`` (lambda 0 for the first K rollouts, then eps = factor x median C_bar);
+- ``auto``: the same with ``eps: auto`` (lambda 0 for the first K rollouts, then eps = factor x median C_bar), its
+  controller's log quiet (the console's DC-GRPO lines are the ``chosen`` replay's; the report gives both);
 - ``surge``: the response-length surge detector of ``lr_decay`` (``period: auto``), run after all rollouts are read
   so that a maximum response length inferred from the whole run can cap its ratio; its verdict, onset and ``T_d``.
 
@@ -18,16 +19,17 @@ without trained tokens. The detector still sees its length.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from ..batch import TokenBatch
 from ..config import Config
 from ..controllers import ControllerSet
-from ..dcgrpo import DCGRPOSettings
+from ..dcgrpo import DCGRPOSettings, log as dcgrpo_log
 from .eps_changes import EpsWatch
 
 STEP_KEYS = ("lambda", "lambda_next", "lambda_shaping", "eps", "discrepancy", "violation", "penalty_share",
@@ -44,6 +46,16 @@ def replay_configs(config: Config) -> tuple[Config, Config, Config]:
     surge = dataclasses.replace(config, dcgrpo=dataclasses.replace(config.dcgrpo, enabled=False),
                                 lr_decay=dataclasses.replace(config.lr_decay, enabled=True, period="auto"), **quiet)
     return chosen, auto, surge
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The DC-GRPO controller's log off inside the block."""
+    before, dcgrpo_log.disabled = dcgrpo_log.disabled, True
+    try:
+        yield
+    finally:
+        dcgrpo_log.disabled = before
 
 
 class Replay:
@@ -79,7 +91,8 @@ class Replay:
                 record[name] = None
                 continue
             # step() takes this rank's response lengths and logs their mean; the dump's mean stands for them.
-            metrics = controllers.step(rollout_id, advantages, batch, [mean_response_length]).metrics
+            with _quiet() if controllers is self.auto else contextlib.nullcontext():
+                metrics = controllers.step(rollout_id, advantages, batch, [mean_response_length]).metrics
             values = {key: metrics.get(key) for key in STEP_KEYS}
             values["eps_calibrating"] = bool(values["eps_calibrating"])
             if values["eps_calibrating"]:

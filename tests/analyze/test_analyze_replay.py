@@ -123,13 +123,19 @@ def test_too_few_rollouts_leave_the_detector_undecided(run):
 
 
 @pytest.mark.parametrize("drift", ["saturated", "persistent"])
-def test_replay_runs_the_drift_guard(run, tmp_path, drift):
+def test_replay_runs_the_drift_guard(run, tmp_path, drift, caplog):
     directory, _, truth, c_bars = run
     method = tmp_path / "pinned.yaml"
     method.write_text("mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    eps_guard: off\n    floor_rollouts: 2\n"
-                      f"    drift_window: 3\n    lambda_max: 0.3\n    drift_guard: {drift}\n")
-    result = analyze_dumps(directory, AnalyzeOptions(config=method, architecture="dense", eps=0.0005, eta=50.0,
-                                                     progress=False))
+                      f"    drift_window: 3\n    lambda_max: 0.3\n    drift_guard: {drift}\n"
+                      "    calibration_rollouts: 2\n")  # the eps: auto replay lifts too
+    with caplog.at_level("WARNING", logger="mismatch_ctrl.dcgrpo"):
+        result = analyze_dumps(directory, AnalyzeOptions(config=method, architecture="dense", eps=0.0005, eta=50.0,
+                                                         progress=False))
+    logged = [r for r in caplog.records if r.name == "mismatch_ctrl.dcgrpo" and "drift guard" in r.getMessage()]
+    auto_lifts = [row["rollout_id"] for row in result["rollouts"]
+                  if row["replay"]["auto"] is not None and row["replay"]["auto"]["drift_guard_lifted"]]
+    assert auto_lifts and len(logged) == len(result["dcgrpo_replay"]["drift_guard_lifts"])  # the chosen replay's
     expected = ref.lagrange_trajectory(c_bars, 0.1, 50.0, 0.0005, 0.3, floor_window=2, guard="off", drift_window=3,
                                        drift=drift)
     replayed = [row["replay"]["chosen"] for row in result["rollouts"]]
