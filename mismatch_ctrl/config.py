@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from .dcgrpo import DCGRPOSettings
 from .errors import ConfigError
 from .formatting import brief, clip
 from .lr_schedule import LengthDecaySettings
-from .presets import FIELD_ALIASES, PRESET_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis
+from .presets import (FIELD_ALIASES, PRESET_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis,
+                      slime_mis_names)
 
 ROOT_KEY = "mismatch_ctrl"
 
@@ -230,7 +232,7 @@ def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
                 raise ConfigError(f"{path}.{alias}: duplicates {canonical}; keep one of them")
             fields[canonical] = fields.pop(alias)
     return preset, _build(CorrectionSpec, fields, path, base=PRESETS[preset],
-                          extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS))
+                          extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS), names=slime_mis_names(section))
 
 
 def _check_combination(config: Config) -> None:
@@ -337,15 +339,22 @@ def _reject_unknown(data: Mapping[str, Any], known: tuple[str, ...], path: str) 
             raise ConfigError(f"{path}.{clip(str(key), 60)}: unknown key; {hint}valid keys: {', '.join(known)}")
 
 
-def _build(cls: type, data: Any, path: str, base: Any = None, extra_keys: tuple[str, ...] = ()) -> Any:
+def _build(cls: type, data: Any, path: str, base: Any = None, extra_keys: tuple[str, ...] = (),
+           names: Mapping[str, str] | None = None) -> Any:
+    """``cls`` from ``data`` over ``base``; the first of its ``problems()`` raised. ``names``: the key the user wrote
+    for each field (slime's mis.yaml vocabulary), used for the field in the error's path and its message."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of keys, got {brief(data)}")
     hints = typing.get_type_hints(cls)
-    names = tuple(f.name for f in dataclasses.fields(cls))
-    _reject_unknown(data, names + extra_keys, path)
-    values = {k: _coerce(hints[k], v, f"{path}.{k}") for k, v in data.items() if k in names}
+    fields = tuple(f.name for f in dataclasses.fields(cls))
+    _reject_unknown(data, fields + extra_keys, path)
+    values = {k: _coerce(hints[k], v, f"{path}.{k}") for k, v in data.items() if k in fields}
     obj = dataclasses.replace(base, **values) if base is not None else cls(**values)
     for key, message in obj.problems() if hasattr(obj, "problems") else ():
+        if names:
+            key = names.get(key, key)
+            message = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b",
+                             lambda m: names[m.group(1)].split(" (")[0], message)
         raise ConfigError(f"{path}.{key}: {message}")
     return obj
 

@@ -144,6 +144,22 @@ def from_slime_mis(section: Mapping[str, Any], path: str) -> dict[str, Any]:
     return {**rest, **fields}
 
 
+def slime_mis_names(section: Mapping[str, Any]) -> dict[str, str]:
+    """For a section in slime's vocabulary (:func:`from_slime_mis`), the key each :class:`CorrectionSpec` field came
+    from, so that a problem with a value is named as the user wrote it: ``{field: key}``, with the key's default
+    named where the value was defaulted (``rs_lower_bound (null: tis_lower_bound)``); ``{}`` for other sections."""
+    if not any(key in section for key in SLIME_MIS_KEYS if key != "rs_level"):
+        return {}
+    tis_low = "tis_lower_bound" if section.get("tis_lower_bound") is not None else "1 / tis_upper_bound"
+    names = {"is_level": "tis_level", "is_mode": "tis_mode", "is_high": "tis_upper_bound",
+             "is_low": "tis_lower_bound", "rs_level": "rs_level", "veto": "rs_veto_threshold",
+             "batch_normalize": "tis_batch_normalize"}
+    for field, key, default in (("rs_low", "rs_lower_bound", tis_low),
+                                ("rs_high", "rs_upper_bound", "tis_upper_bound")):
+        names[field] = key if section.get(key) is not None else f"{key} (null: {default})"
+    return names
+
+
 class _SlimeKeys:
     """Typed reads of slime's mis.yaml keys; errors name the key as the user wrote it."""
 

@@ -8,6 +8,7 @@ before any weighting or rejection.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -98,6 +99,29 @@ def test_bounds_defaults_follow_mis_py() -> None:
 def test_bad_slime_keys_name_the_key(section: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("?", r"\?")):
         correction(section)
+
+
+@pytest.mark.parametrize("changes, key, fragments", [
+    (dict(use_rs=False, tis_upper_bound=0.5), "tis_upper_bound",
+     ["need tis_lower_bound <= 1 <= tis_upper_bound", "e.g. tis_upper_bound: 2.0"]),
+    (dict(use_rs=False, tis_mode="clip", tis_lower_bound=1.5), "tis_lower_bound", ["got 1.5, 2"]),
+    (dict(tis_mode="clip", tis_lower_bound=1.5), "rs_lower_bound (null: tis_lower_bound)",
+     ["need rs_lower_bound < 1 < rs_upper_bound", "e.g. rs_lower_bound: 0.999, rs_upper_bound: 1.001"]),
+    (dict(rs_lower_bound=3.0), "rs_lower_bound", ["need rs_lower_bound < rs_upper_bound, got 3.0, 2.0"]),
+    (dict(tis_lower_bound=None, tis_upper_bound=1e-4), "rs_lower_bound (null: 1 / tis_upper_bound)",
+     ["need rs_lower_bound < rs_upper_bound, got 10000.0, 0.0001"]),
+    (dict(rs_upper_bound=0.9), "rs_upper_bound", ["got rs_upper_bound=0.9"]),
+    (dict(rs_veto_threshold=2.0), "rs_veto_threshold", ["must be in (0, 1) or null"]),
+])
+def test_a_bad_value_in_slimes_vocabulary_is_named_in_it(changes: dict, key: str, fragments: list[str]) -> None:
+    """Bounds that pass the type checks but make no correction: the error names the key the file has (or the one the
+    value was defaulted from) and a fix in slime's vocabulary, never our own field names."""
+    with pytest.raises(ConfigError) as err:
+        correction({**EXAMPLE, **changes})
+    message = str(err.value)
+    assert message.startswith(f"mismatch_ctrl.correction.{key}: "), message
+    assert all(fragment in message for fragment in fragments), message
+    assert not re.search(r"\b(is_low|is_high|rs_low|rs_high|veto|is_level|is_mode)\b", message), message
 
 
 def test_rs_level_alone_is_our_own_key() -> None:
