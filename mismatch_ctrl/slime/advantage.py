@@ -26,6 +26,11 @@ from .layout import LocalLayout
 from .runtime import get_runtime
 
 METRIC_PREFIX = "mismatch_ctrl/"
+COMPACT_ROLLOUTS = (
+    "mismatch_ctrl: samples share rollout ids (slime's compact rollouts, one trajectory in several samples): slime "
+    "then averages train/ metrics token-weighted over each rollout id (rollout_mask_sums), so the rollout-correction "
+    "hook's train/mismatch_ctrl/* means read per trajectory, not per sample; rollout/mismatch_ctrl/* (C_bar, DC-GRPO) "
+    "stay per sample (docs/metrics.md)")
 
 
 def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
@@ -35,6 +40,8 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     topo = topology()
     rollout_id = runtime.next_rollout
     rewards = check_rollout_data(rollout_data, runtime)
+    if _shares_rollout_ids(rollout_data.get("rollout_ids")):
+        runtime.warn_once("compact_rollouts", COMPACT_ROLLOUTS)
     response_lengths = rollout_data["response_lengths"]
     rollout_log_probs = rollout_data.get("rollout_log_probs")
     if not rollout_log_probs and rewards:
@@ -77,6 +84,15 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     if runtime.store is not None and topo.is_main_rank:
         runtime.store.save(rollout_id, controllers.state_dict(), keep=checkpoint_rollouts(args))
     runtime.next_rollout = rollout_id + 1
+
+
+def _shares_rollout_ids(ids: Any) -> bool:
+    """Whether slime's per-sample ``rollout_ids`` repeat one (a DP rank holds a rollout's samples together:
+    ``build_dp_schedule(rollout_indices=...)``, slime 624b824a ``ray/rollout.py:773-779``)."""
+    try:
+        return isinstance(ids, (list, tuple)) and len(set(ids)) < len(ids)
+    except TypeError:  # unhashable ids: not slime's
+        return False
 
 
 def checkpoint_rollouts(args: Any) -> Callable[[int], bool]:

@@ -217,6 +217,7 @@ def rollout_data(batch: GlobalBatch, view: View, log_probs: bool = True) -> dict
         "rollout_log_probs": local(batch.rollout),
         "kl": [torch.zeros(len(cp_positions(tl[i], rl[i], view.cp_rank, view.cp_size))) for i in idx],
         "partition": idx,
+        "rollout_ids": list(idx),  # slime numbers samples without a rollout id apart (ray/rollout.py:647-655)
     }
     if log_probs:
         data["log_probs"] = local(batch.train)
