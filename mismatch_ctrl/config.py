@@ -102,6 +102,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        self._refuse_base_60(node)
         try:
             return super().construct_yaml_int(node)
         except ValueError:  # beyond Python's digit limit for int(str): no setting takes such a number
@@ -110,8 +111,22 @@ class _StrictLoader(yaml.SafeLoader):
                             "the value the setting needs (a float such as 1e30 where it is a number)",
                 node.start_mark) from None
 
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        self._refuse_base_60(node)
+        return super().construct_yaml_float(node)
+
+    def _refuse_base_60(self, node: yaml.ScalarNode) -> None:
+        """YAML 1.1 reads ``1:30`` as the base-60 number 90: no setting means that."""
+        if ":" in node.value:
+            value = super().construct_yaml_int(node) if node.tag.endswith(":int") else \
+                super().construct_yaml_float(node)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value} is a base-60 number in YAML 1.1 (read as {value}); write the number itself",
+                node.start_mark)
+
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -177,10 +177,14 @@ def check_slime_args(args: Any, config: Config) -> None:
     """Reject slime flag combinations under which the configured method would silently not run."""
     stateful = [name for name, on in (("dcgrpo", config.dcgrpo.enabled), ("lr_decay", config.lr_decay.enabled),
                                       ("acrl", config.acrl.enabled)) if on]
+    preset = config.correction_preset
+    weighting = [who for who, on in ((f"correction preset {preset!r}" if preset != "none" else "the correction section",
+                                      config.correction.active), ("acrl", config.acrl.enabled)) if on]
     paths = {
-        "custom_advantage_function_path": (ADVANTAGE_HOOK, bool(stateful), f"{', '.join(stateful)} need"),
-        "custom_tis_function_path": (TIS_HOOK, config.correction.active or config.acrl.enabled,
-                                     f"correction preset {config.correction_preset!r} / acrl need"),
+        "custom_advantage_function_path": (ADVANTAGE_HOOK, bool(stateful),
+                                           f"{', '.join(stateful)} need{'s' if len(stateful) == 1 else ''}"),
+        "custom_tis_function_path": (TIS_HOOK, bool(weighting),
+                                     f"{' and '.join(weighting)} need{'s' if len(weighting) == 1 else ''}"),
         "custom_megatron_before_train_step_hook_path": (LR_HOOK, config.lr_decay.enabled, "lr_decay needs"),
     }
     for attr, (expected, needed, who) in paths.items():

@@ -129,8 +129,11 @@ def test_args_without_mismatch_ctrl():
 
 
 @pytest.mark.parametrize("section, flags, needle", [
-    (method("geo_mis"), {"custom_tis_function_path": None}, "--custom-tis-function-path"),
-    (method("acrl"), {"custom_tis_function_path": None}, "--custom-tis-function-path"),
+    (method("geo_mis"), {"custom_tis_function_path": None}, "preset 'geo_mis' needs --custom-tis-function-path"),
+    (method("acrl"), {"custom_tis_function_path": None}, "acrl needs --custom-tis-function-path"),
+    (method("grpo", correction={"use_tis": True, "use_rs": False, "tis_level": "token", "tis_mode": "truncate",
+                                "tis_upper_bound": 2.0}), {"custom_tis_function_path": None},
+     "the correction section needs --custom-tis-function-path"),
     (method("token_tis"), {"get_mismatch_metrics": False}, "--get-mismatch-metrics"),
     (method("length_decay"), {"custom_megatron_before_train_step_hook_path": None},
      "--custom-megatron-before-train-step-hook-path"),

@@ -135,6 +135,14 @@ def test_file_level_errors(tmp_path):
         load_config(write(tmp_path, "dcgrpo:\n  enabled: true\n"))
 
 
+@pytest.mark.parametrize("value, read", [("1:30", "90"), ("1:30.5", "90.5")])
+def test_a_base_60_number_is_refused_not_read_as_seconds(tmp_path, value, read):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, f"mismatch_ctrl:\n  dcgrpo:\n    drift_window: {value}\n"))
+    message = str(err.value)
+    assert f"{value} is a base-60 number in YAML 1.1 (read as {read})" in message and "drift_window" in message
+
+
 def test_an_integer_beyond_pythons_digit_limit_names_its_line_and_key(tmp_path):
     text = "mismatch_ctrl:\n  dcgrpo:\n    enabled: true\n    lambda_max: " + "9" * 5000 + "\n"
     with pytest.raises(ConfigError) as err:
