@@ -4,6 +4,7 @@ and reports unusable files by name instead of crashing."""
 import pytest
 import torch
 
+from mismatch_ctrl.analyze import AnalyzeOptions, analyze_dumps
 from mismatch_ctrl.analyze.dumps import (
     DumpError,
     Skipped,
@@ -357,3 +358,17 @@ def test_a_refused_rollout_dump_does_not_discard_a_good_train_dump(tmp_path, lay
     (dump,) = iter_rollouts(tmp_path / ("flat" if layout == "flat" else "run"))
     assert dump.response_lengths == truth.lengths and dump.train_log_probs is not None and dump.truncated is None
     assert any(n.startswith("not used: ") and "Opaque" in n for n in dump.notes)
+
+
+def test_a_train_dump_without_samples_says_so_and_nothing_else(tmp_path):
+    """A rollout whose samples were all filtered: one note that says it, not 'no loss_masks' and 'no log_probs'."""
+    g = torch.Generator().manual_seed(1)
+    write_run(tmp_path, [make_rollout(i, g, samples=4) for i in range(3)])
+    for kind in ("train_data", "rollout_data"):
+        path = tmp_path / kind / "1.pt"
+        payload = torch.load(path, weights_only=True)
+        payload["samples"] = []
+        torch.save(payload, path)
+    result = analyze_dumps(tmp_path, AnalyzeOptions(progress=False, architecture="moe"))
+    assert result["rollouts"][1]["notes"] == ["train dump without samples: nothing to measure in this rollout"]
+    assert result["counts"]["measured"] == 2

@@ -127,6 +127,9 @@ def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> Rollout
     dump.raw_rewards = float_list(payload.get("raw_reward"))
     if dump.raw_rewards is None and all("local_raw_reward" in row for row in rows):
         dump.raw_rewards = float_list(row["local_raw_reward"] for row in rows)
+    if not rows:
+        dump.notes.append("train dump without samples: nothing to measure in this rollout")
+        return dump
     if masks is None:
         dump.notes.append("no loss_masks: every response token counted as trained")
     if dump.train_log_probs is None:
