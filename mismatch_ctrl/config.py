@@ -113,7 +113,12 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
         self._refuse_base_60(node)
-        return super().construct_yaml_float(node)
+        value = super().construct_yaml_float(node)
+        if value == 0.0 and re.search(r"[1-9]", node.value.lower().split("e")[0]):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{clip(node.value, 40)} is below the smallest float and would read as 0.0; write a "
+                            "larger value (or 0)", node.start_mark)
+        return value
 
     def _refuse_base_60(self, node: yaml.ScalarNode) -> None:
         """YAML 1.1 reads ``1:30`` as the base-60 number 90: no setting means that."""

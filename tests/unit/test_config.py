@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mismatch_ctrl.config import build_config, load_config, resolve_architecture
+from mismatch_ctrl.config import build_config, load_config, read_yaml, resolve_architecture
 from mismatch_ctrl.correction import CorrectionSpec
 from mismatch_ctrl.errors import ConfigError
 from mismatch_ctrl.presets import PRESETS
@@ -141,6 +141,14 @@ def test_a_base_60_number_is_refused_not_read_as_seconds(tmp_path, value, read):
         load_config(write(tmp_path, f"mismatch_ctrl:\n  dcgrpo:\n    drift_window: {value}\n"))
     message = str(err.value)
     assert f"{value} is a base-60 number in YAML 1.1 (read as {read})" in message and "drift_window" in message
+
+
+def test_a_float_that_underflows_to_zero_is_refused_naming_its_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "mismatch_ctrl:\n  dcgrpo:\n    eps: 1.0e-400\n"))
+    assert "1.0e-400 is below the smallest float and would read as 0.0" in str(err.value) and "line 3" in \
+        str(err.value)
+    assert read_yaml(write(tmp_path, "a: 0.0e+5\nb: 0.000\nc: 1.0e-300\n")) == {"a": 0.0, "b": 0.0, "c": 1e-300}
 
 
 def test_an_integer_beyond_pythons_digit_limit_names_its_line_and_key(tmp_path):
