@@ -22,7 +22,8 @@ from ..formatting import clip
 from ..slime.names import TRACKER
 from .command import entrypoint, format_command, job_env, nvls_enable, submit_command, train_args
 from .layout import Layout, engine_problems, trainer_problems
-from .context_length import OVERRIDE_FLAG, context_override, override_problems, response_length_problems
+from .context_length import (OVERRIDE_FLAG, RequestedLength, context_override, flag_value_in, override_problems,
+                             response_length_problems)
 from .eval_cost import eval_cost
 from .memory import estimate
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
@@ -34,6 +35,8 @@ from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, host_memo
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
+LENGTH_FLAGS = ("--eval-max-response-len", "--rollout-max-prompt-len", "--eval-max-prompt-len")
+"""slime's integer flags after ``--`` that the response-length check reads."""
 
 
 class Stop(Exception):
@@ -152,18 +155,29 @@ def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
 def response_lengths_check(s: Settings, shape: ModelShape, source: str, extra: Sequence[str]
                            ) -> tuple[list[str], list[str]]:
     """(errors, warnings): the training and evaluation response lengths against the rollout engine's context length
-    (:mod:`.context_length`)."""
+    (:mod:`.context_length`); eval sets of one length and origin are named together."""
     try:
-        evaluation = eval_sets(s)
+        override = context_override(extra)
+        for flag in LENGTH_FLAGS:
+            flag_value_in(extra, flag)
+    except ValueError as exc:
+        return [str(exc)], []
+    try:
+        evaluation = eval_sets(s, extra)
     except EVAL_CONFIG_ERRORS:
         evaluation = []  # the path checks name an EVAL_CONFIG that cannot be read
-    lengths = {"MAX_RESPONSE_LEN": s.int("MAX_RESPONSE_LEN"),
-               **{f"max_response_len of eval set {e.name} (EVAL_CONFIG)": e.max_response_len for e in evaluation}}
-    override = context_override(extra)
+    lengths = [RequestedLength("MAX_RESPONSE_LEN", s.int("MAX_RESPONSE_LEN"), "rollout", "--rollout-max-prompt-len")]
+    groups: dict[tuple[int, str], list[str]] = {}
+    for e in evaluation:
+        groups.setdefault((e.max_response_len, e.max_response_len_from), []).append(e.name)
+    for (length, origin), names in groups.items():
+        sets = f"eval set{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        where = f"{origin} ({sets})" if origin != "EVAL_CONFIG" else f"max_response_len of {sets} (EVAL_CONFIG)"
+        lengths.append(RequestedLength(where, length, "evaluation", "--eval-max-prompt-len"))
     if override is None:
-        return response_length_problems(lengths, shape.context_length, source)
-    errors, warnings = response_length_problems(lengths, override, f"{OVERRIDE_FLAG} after --")
-    return errors, override_problems(override, shape.context_length, source) + warnings
+        return response_length_problems(lengths, shape.context_length, source, extra)
+    errors, warnings = response_length_problems(lengths, override, f"{OVERRIDE_FLAG} after --", extra)
+    return errors + override_problems(override, shape.context_length, source, s.pass_env, s.environ), warnings
 
 
 def trained_shape(shape: ModelShape, model: MegatronModel) -> ModelShape:

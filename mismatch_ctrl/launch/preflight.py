@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -16,6 +16,7 @@ from ..formatting import clip
 from ..errors import StateError
 from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker, tracker_in
 from .command import REWARD_FUNCTION, job_env, job_pythonpath
+from .context_length import flag_value_in
 from .model_shape import CheckpointReport
 from .settings import Settings
 
@@ -24,54 +25,73 @@ IMPORT_TARGETS = ("slime", "megatron.training",
 _INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
-def eval_data_files(eval_config: str, data_dir: str) -> list[str]:
-    """The dataset paths of an ``--eval-config`` file, ``${oc.env:NAME,default}`` resolved as slime's OmegaConf
-    loader does in the job driver (where ``DATA_DIR`` is set to ``data_dir``)."""
-    with open(eval_config) as f:
-        config = yaml.safe_load(f) or {}
-    environment = {**os.environ, "DATA_DIR": data_dir}
-    datasets = (config.get("eval", config) if isinstance(config, dict) else {}).get("datasets") or []
-    return [_INTERPOLATION.sub(lambda m: environment.get(m.group(1), m.group(2) or ""), str(dataset["path"]))
-            for dataset in datasets]
-
-
 EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError)
-"""What reading an unusable EVAL_CONFIG raises in :func:`eval_data_files` and :func:`eval_sets`."""
+"""What reading an unusable EVAL_CONFIG raises in :func:`eval_sets`."""
 
 
 @dataclass(frozen=True)
 class EvalSet:
-    """One dataset of ``EVAL_CONFIG`` with the values it runs with (its own, else the file's ``defaults``, else
-    slime's ``--rollout-*`` values)."""
+    """One dataset of ``EVAL_CONFIG`` with the values it runs with. ``max_response_len_from``: where its response
+    length comes from (``EVAL_CONFIG``, ``--eval-max-response-len`` or ``MAX_RESPONSE_LEN``)."""
 
     name: str
     path: str
     samples: int
     max_response_len: int
+    max_response_len_from: str
 
 
-def eval_sets(s: Settings) -> list[EvalSet]:
-    """The datasets of ``s``'s ``EVAL_CONFIG`` (none with ``EVAL_INTERVAL=0``); ``EVAL_CONFIG`` must be readable."""
+def eval_sets(s: Settings, extra: Sequence[str] = ()) -> list[EvalSet]:
+    """The datasets of ``s``'s ``EVAL_CONFIG`` as slime 624b824a reads them (none with ``EVAL_INTERVAL=0``): the
+    ``eval`` mapping or the file's root (``slime/utils/arguments.py:1730-1745``), datasets as a list or a mapping keyed
+    by name (``slime/utils/eval_config.py::ensure_dataset_list``), each value the dataset's, else ``defaults``', else
+    the flag's (``DATASET_RUNTIME_SPECS``: ``--eval-max-response-len`` among ``extra``, else ``MAX_RESPONSE_LEN``;
+    ``--n-samples-per-eval-prompt``, default 1), with ``${oc.env:NAME,default}`` resolved as slime's OmegaConf loader
+    does in the job driver (where ``DATA_DIR`` is set). Raises one of :data:`EVAL_CONFIG_ERRORS` for a file that
+    cannot be read or a value of the wrong form."""
     if s.int("EVAL_INTERVAL") == 0:
         return []
     with open(s["EVAL_CONFIG"]) as f:
-        config = (yaml.safe_load(f) or {}).get("eval", {})
+        root = yaml.safe_load(f) or {}
+    if not isinstance(root, dict):
+        raise ValueError("not a mapping at its root, as slime needs")
+    config = root.get("eval", root)
     defaults = config.get("defaults") or {}
+    datasets = config.get("datasets") or []
+    if isinstance(datasets, dict):
+        datasets = [{"name": name, **(entry or {})} for name, entry in datasets.items()]
+    environment = {**os.environ, "DATA_DIR": s["DATA_DIR"]}
 
-    def value(dataset: dict, key: str, fallback: int) -> int:
-        given = dataset.get(key, defaults.get(key, fallback))
+    def resolved(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        return _INTERPOLATION.sub(lambda m: environment.get(m.group(1), m.group(2) or ""), value)
+
+    def number(dataset: dict, key: str, flag: str, flag_value: int) -> tuple[int, str]:
+        given = resolved(dataset.get(key, defaults.get(key)))
+        if given is None:
+            return flag_value, flag
+        if isinstance(given, str) and given.isascii() and given.isdigit():
+            given = int(given)
         if isinstance(given, bool) or not isinstance(given, int) or given < 1:
             raise ValueError(f"dataset {dataset.get('name')}: {key} is {given!r}, not a positive integer")
-        return given
-    return [EvalSet(str(dataset.get("name")), path, value(dataset, "n_samples_per_eval_prompt", 1),
-                    value(dataset, "max_response_len", s.int("MAX_RESPONSE_LEN")))
-            for dataset, path in zip(config.get("datasets") or [], eval_data_files(s["EVAL_CONFIG"], s["DATA_DIR"]))]
+        return given, "EVAL_CONFIG"
+
+    eval_length = flag_value_in(extra, "--eval-max-response-len")
+    length_flag = ("--eval-max-response-len", eval_length) if eval_length is not None else \
+        ("MAX_RESPONSE_LEN", s.int("MAX_RESPONSE_LEN"))
+    out = []
+    for dataset in datasets:
+        samples, _ = number(dataset, "n_samples_per_eval_prompt", "--n-samples-per-eval-prompt", 1)
+        length, source = number(dataset, "max_response_len", *length_flag)
+        out.append(EvalSet(str(dataset.get("name")), resolved(str(dataset["path"])), samples, length, source))
+    return out
 
 
-def job_data_files(s: Settings) -> list[str]:
+def job_data_files(s: Settings, extra: Sequence[str] = ()) -> list[str]:
     """The data files the job reads: PROMPT_DATA and, with evaluation on, the eval sets of EVAL_CONFIG (raises one of
     :data:`EVAL_CONFIG_ERRORS` if EVAL_CONFIG cannot be read or holds a value of the wrong form)."""
-    return [s["PROMPT_DATA"], *(dataset.path for dataset in eval_sets(s))]
+    return [s["PROMPT_DATA"], *(dataset.path for dataset in eval_sets(s, extra))]
 
 
 def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str]:
