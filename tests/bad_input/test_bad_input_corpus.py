@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -28,6 +29,7 @@ from slime_data import FULL, PREFIX, make_args, make_batch, method, rollout_data
 from mismatch_ctrl.analyze import AnalyzeOptions, analyze_dumps
 from mismatch_ctrl.analyze import analysis as analysis_module
 from mismatch_ctrl.analyze.dumps import DumpError, read_rollout, write_rollout_dump, write_train_dump
+from mismatch_ctrl.analyze.dumps.files import load_dump
 from mismatch_ctrl.cli import main
 from mismatch_ctrl.config import build_config, load_config
 from mismatch_ctrl.errors import ConfigError, InputError, StateError
@@ -808,6 +810,32 @@ def test_unsafe_load_reads_what_the_safe_load_refuses(tmp_path):
     samples[0]["extra"], samples[1]["extra"] = np.zeros(0, np.float32), b""
     write_train_dump(tmp_path / "empty", 0, samples, {"raw_reward": [0.0, 1.0, 1.0]})
     assert analysis(tmp_path / "empty")["counts"]["measured"] == 1
+
+
+class _Claim:
+    """Unpickles as ``fn(*args)``: a small file claiming a large allocation."""
+
+    def __init__(self, fn, *args) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+@pytest.mark.parametrize("claim, fragment", [
+    (lambda: _Claim(bytes, 3 * 10**9), "only the empty byte string"),
+    (lambda: _Claim((getattr(np, "_core", None) or np.core).multiarray._reconstruct, np.ndarray, (10**9,), b"f"),
+     "an array built with shape (1000000000,) before its data"),
+])
+def test_a_dump_claiming_a_huge_allocation_is_refused_without_it(tmp_path, claim, fragment):
+    """Safe loading builds byte strings and numpy arrays only from what the file holds: bytes(n) and an array shaped
+    before its data would let a 1 kB file take gigabytes."""
+    samples = make_rollout(0, torch.Generator().manual_seed(0), samples=3).train_samples()
+    samples[0]["extra"] = claim()
+    write_train_dump(tmp_path, 0, samples)
+    assert (tmp_path / "train_data" / "0.pt").stat().st_size < 10_000
+    with pytest.raises(DumpError, match=re.escape(fragment)):
+        load_dump(tmp_path / "train_data" / "0.pt")
 
 
 def test_huge_response_length_without_tokens_allocates_nothing(tmp_path):

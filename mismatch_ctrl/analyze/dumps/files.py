@@ -153,11 +153,33 @@ def _stored_id(path: Path, numbers: list[str], unsafe_load: bool) -> int:
     return stored
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()`` as pickle protocol 2 writes the empty byte string (e.g. the buffer of an empty numpy array; other
+    byte strings come through ``_codecs.encode``, bounded by the file). ``bytes(n)`` would let a small file claim n
+    bytes of memory: refused."""
+    if args:
+        raise pickle.UnpicklingError("bytes() with arguments: only the empty byte string is built from a dump")
+    return b""
+
+
+def _reconstructor(reconstruct: Any) -> Any:
+    """numpy's ``_reconstruct`` for the empty array that ``ndarray.__reduce__`` always writes (shape ``(0,)``; its
+    data and shape follow in ``__setstate__``, bounded by the file). Another shape would allocate from a number in
+    the file: refused."""
+
+    def empty_array(subtype: Any, shape: Any, dtype: Any) -> Any:
+        if tuple(shape) != (0,):
+            raise pickle.UnpicklingError(f"an array built with shape {brief(shape, 40)} before its data: only numpy's "
+                                         "own empty start is built from a dump")
+        return reconstruct(subtype, shape, dtype)
+    return empty_array
+
+
 def safe_globals() -> list[Any]:
     """What ``weights_only`` loading may build besides tensors and plain Python data: numpy arrays and scalars of
-    numeric dtypes (their reconstruct functions under numpy 2's and numpy 1's module paths), ``bytes`` (pickle protocol
-    2 writes an empty byte string, e.g. the buffer of an empty numpy array, as a call of ``bytes``) and ``datetime``
-    values (built from their own fields; no code runs)."""
+    numeric dtypes (their reconstruct functions under numpy 2's and numpy 1's module paths, for numpy's own empty
+    start only), the empty byte string (:func:`_empty_bytes`) and ``datetime`` values (built from their own fields;
+    no code runs). Nothing here allocates more than the file holds."""
     import datetime
 
     import numpy as np
@@ -165,10 +187,11 @@ def safe_globals() -> list[Any]:
     core = getattr(np, "_core", None) or np.core
     dtypes = {type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                                          np.uint32, np.uint64, np.float16, np.float32, np.float64)}
-    reconstruct, scalar = core.multiarray._reconstruct, core.multiarray.scalar
-    return [np.ndarray, np.dtype, reconstruct, scalar, *sorted(dtypes, key=str), bytes, datetime.datetime,
-            datetime.date, datetime.time, datetime.timedelta, datetime.timezone,
-            (reconstruct, "numpy.core.multiarray._reconstruct"), (scalar, "numpy.core.multiarray.scalar")]
+    reconstruct, scalar = _reconstructor(core.multiarray._reconstruct), core.multiarray.scalar
+    return [np.ndarray, np.dtype, scalar, *sorted(dtypes, key=str), datetime.datetime, datetime.date, datetime.time,
+            datetime.timedelta, datetime.timezone, (_empty_bytes, "builtins.bytes"),
+            (reconstruct, "numpy._core.multiarray._reconstruct"), (reconstruct, "numpy.core.multiarray._reconstruct"),
+            (scalar, "numpy.core.multiarray.scalar")]
 
 
 def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
