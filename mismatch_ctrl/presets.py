@@ -151,9 +151,10 @@ def slime_mis_names(section: Mapping[str, Any]) -> dict[str, str]:
     if not any(key in section for key in SLIME_MIS_KEYS if key != "rs_level"):
         return {}
     tis_low = "tis_lower_bound" if section.get("tis_lower_bound") is not None else "1 / tis_upper_bound"
-    names = {"is_level": "tis_level", "is_mode": "tis_mode", "is_high": "tis_upper_bound",
-             "is_low": "tis_lower_bound", "rs_level": "rs_level", "veto": "rs_veto_threshold",
-             "batch_normalize": "tis_batch_normalize"}
+    is_low = ("the lower bound (0 in truncate mode)" if section.get("tis_mode") == "truncate" else
+              "tis_lower_bound" if tis_low == "tis_lower_bound" else "tis_lower_bound (null: 1 / tis_upper_bound)")
+    names = {"is_level": "tis_level", "is_mode": "tis_mode", "is_high": "tis_upper_bound", "is_low": is_low,
+             "rs_level": "rs_level", "veto": "rs_veto_threshold", "batch_normalize": "tis_batch_normalize"}
     for field, key, default in (("rs_low", "rs_lower_bound", tis_low),
                                 ("rs_high", "rs_upper_bound", "tis_upper_bound")):
         names[field] = key if section.get(key) is not None else f"{key} (null: {default})"

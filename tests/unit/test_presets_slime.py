@@ -103,7 +103,9 @@ def test_bad_slime_keys_name_the_key(section: dict, fragment: str) -> None:
 
 @pytest.mark.parametrize("changes, key, fragments", [
     (dict(use_rs=False, tis_upper_bound=0.5), "tis_upper_bound",
-     ["need tis_lower_bound <= 1 <= tis_upper_bound", "e.g. tis_upper_bound: 2.0"]),
+     ["need the lower bound <= 1 <= tis_upper_bound", "got 0, 0.5", "e.g. tis_upper_bound: 2.0"]),
+    (dict(use_rs=False, tis_mode="clip", tis_lower_bound=None, tis_upper_bound=0.5),
+     "tis_lower_bound (null: 1 / tis_upper_bound)", ["need 0 <= tis_lower_bound < tis_upper_bound, got 2.0, 0.5"]),
     (dict(use_rs=False, tis_mode="clip", tis_lower_bound=1.5), "tis_lower_bound", ["got 1.5, 2"]),
     (dict(tis_mode="clip", tis_lower_bound=1.5), "rs_lower_bound (null: tis_lower_bound)",
      ["need rs_lower_bound < 1 < rs_upper_bound", "e.g. rs_lower_bound: 0.999, rs_upper_bound: 1.001"]),
