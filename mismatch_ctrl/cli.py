@@ -207,6 +207,7 @@ def _not_compared(missing: list[str]) -> None:
 
 def _analyze(ns: argparse.Namespace) -> int:
     from .analyze import AnalyzeOptions, DumpError, analyze_dumps, write_report
+    from .analyze.dumps.rollout import is_refusal
     from .analyze.report import not_measured
     from .errors import InputError
 
@@ -239,13 +240,13 @@ def _analyze(ns: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
     print(f"report: {report}", file=sys.stderr if ns.json == "-" else sys.stdout)
     counts = result["counts"]
-    refused = result["skipped"] or any("not used" in note for row in result["rollouts"] for note in row["notes"])
+    partial = [row["rollout_id"] for row in result["rollouts"] if any(map(is_refusal, row["notes"]))]
+    refused = bool(result["skipped"] or partial)
     if counts["measured"] == 0 and (refused or counts["with_train_log_probs"]):
         why = "dump files were refused" if refused else not_measured(counts)
         print(f"mismatch-ctrl analyze: no rollout could be measured, the report has no discrepancy numbers: {why} "
               "(the report's 'Skipped files and notes' names each file and the reason)", file=sys.stderr)
         return 1
-    partial = [row["rollout_id"] for row in result["rollouts"] if any("not used" in note for note in row["notes"])]
     if result["skipped"] or partial:
         skipped = f"{len(result['skipped'])} dump file(s) or rollout(s) skipped, " if result["skipped"] else ""
         refused_part = (f"{len(partial)} rollout(s) with a refused dump file read from their other dump (rollouts "

@@ -159,7 +159,7 @@ def read_yaml(path: str | Path) -> Any:
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {clip(str(exc))}") from None
-    except (ValueError, RecursionError) as exc:  # an integer beyond Python's digit limit, absurd nesting
+    except (ValueError, RecursionError) as exc:  # a date that is none (2024-13-01), absurd nesting
         raise ConfigError(f"{path}: not valid YAML: {clip(str(exc), 200)}") from None
 
 

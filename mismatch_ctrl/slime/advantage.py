@@ -23,6 +23,7 @@ from ..errors import InputError
 from ._groups import topology
 from .inputs import check_rollout_data
 from .layout import LocalLayout
+from .names import TIS_HOOK
 from .runtime import get_runtime
 
 METRIC_PREFIX = "mismatch_ctrl/"
@@ -40,7 +41,8 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     topo = topology()
     rollout_id = runtime.next_rollout
     rewards = check_rollout_data(rollout_data, runtime)
-    if _shares_rollout_ids(rollout_data.get("rollout_ids")):
+    if getattr(args, "custom_tis_function_path", None) == TIS_HOOK and _shares_rollout_ids(
+            rollout_data.get("rollout_ids")):
         runtime.warn_once("compact_rollouts", COMPACT_ROLLOUTS)
     response_lengths = rollout_data["response_lengths"]
     rollout_log_probs = rollout_data.get("rollout_log_probs")
@@ -87,8 +89,10 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
 
 
 def _shares_rollout_ids(ids: Any) -> bool:
-    """Whether slime's per-sample ``rollout_ids`` repeat one (a DP rank holds a rollout's samples together:
-    ``build_dp_schedule(rollout_indices=...)``, slime 624b824a ``ray/rollout.py:773-779``)."""
+    """Whether this rank's per-sample ``rollout_ids`` repeat one. slime keeps a rollout's samples in one step but may
+    spread them over micro-batches and DP ranks (624b824a ``ray/rollout.py:685-690``), so a rank can miss a
+    trajectory of few samples; one of many turns shows. (``rollout_mask_sums`` would tell on every rank, but it is a
+    device tensor: reading it costs a host synchronisation.)"""
     try:
         return isinstance(ids, (list, tuple)) and len(set(ids)) < len(ids)
     except TypeError:  # unhashable ids: not slime's

@@ -66,11 +66,11 @@ def test_missing_log_probs_with_grpo_skips_the_metrics_and_warns_once(caplog):
     assert PREFIX + "prob_diff_mean" not in d and PREFIX + "mean_response_length" in d
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_compact_rollouts_are_named_once(shared, caplog):
+@pytest.mark.parametrize("shared, tis_hook", [(False, True), (True, True), (True, False)])
+def test_compact_rollouts_are_named_once(shared, tis_hook, caplog):
     """Samples sharing a rollout id (a multi-turn trajectory) change how slime averages the TIS hook's train/ metrics:
-    said once per run; unique ids, slime's default, say nothing."""
-    args = make_args(GRPO)
+    said once per run where that hook runs; unique ids, slime's default, say nothing."""
+    args = make_args(GRPO) if tis_hook else make_args(GRPO, custom_tis_function_path=None)
     with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
         for _ in range(3):
             d = data()
@@ -78,7 +78,7 @@ def test_compact_rollouts_are_named_once(shared, caplog):
                 d["rollout_ids"] = [i // 2 for i in range(len(d["rewards"]))]
             hooks.advantages(args, d)
     said = [r for r in caplog.records if "compact rollouts" in r.getMessage()]
-    assert len(said) == shared and (not shared or "per trajectory, not per sample" in said[0].getMessage())
+    assert len(said) == (shared and tis_hook) and (not said or "per trajectory, not per sample" in said[0].getMessage())
 
 
 def test_log_probs_length_mismatch_names_the_sample_and_both_lengths():

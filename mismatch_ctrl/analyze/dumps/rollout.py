@@ -22,6 +22,15 @@ from .files import RolloutFiles, Skipped, checked_id, dump_kind, find_rollouts, 
 from .schema import DumpError
 
 
+REFUSED_NOTE = "not used: "
+"""How a rollout's note names a dump file that was refused while its other dump was read."""
+
+
+def is_refusal(note: str) -> bool:
+    """Whether a rollout's note names a refused dump file (:data:`REFUSED_NOTE`)."""
+    return note.startswith(REFUSED_NOTE)
+
+
 @dataclass
 class RolloutDump:
     """One rollout's per-sample columns, as the analysis needs them, from whichever dump supplied them.
@@ -92,7 +101,7 @@ def read_rollout(files: RolloutFiles, unsafe_load: bool = False, reward_key: str
         dump = _from_rollout(files.rollout_id, loaded["rollout"][1], loaded["rollout"][0], reward_key)
     elif "rollout" in loaded and incomplete:
         _fill_from_rollout(dump, loaded["rollout"][1], loaded["rollout"][0], loaded["train"][1]["samples"])
-    dump.notes += [f"not used: {exc}" for exc in errors]
+    dump.notes += [f"{REFUSED_NOTE}{exc}" for exc in errors]
     return dump
 
 
