@@ -59,15 +59,22 @@ class RequestedLength:
     prompt_flag: str
 
 
-def flag_value_in(extra: Sequence[str], flag: str) -> int | None:
-    """The integer after ``flag`` (or in ``flag=N``) among train.py's extra arguments, the last as argparse keeps;
-    None when absent; :class:`ValueError` when it is not an integer."""
+def flag_text(extra: Sequence[str], flag: str) -> str | None:
+    """The word after ``flag`` (or in ``flag=...``) among train.py's extra arguments, the last as argparse keeps;
+    None when absent."""
     found = None
     for i, word in enumerate(extra):
         if word == flag and i + 1 < len(extra):
             found = extra[i + 1]
         elif word.startswith(flag + "="):
             found = word.split("=", 1)[1]
+    return found
+
+
+def flag_value_in(extra: Sequence[str], flag: str) -> int | None:
+    """The integer given with ``flag`` among train.py's extra arguments (:func:`flag_text`); None when absent;
+    :class:`ValueError` when it is not an integer."""
+    found = flag_text(extra, flag)
     if found is None:
         return None
     if not (found.isascii() and found.isdigit()):
@@ -118,12 +125,7 @@ def human_readable_int(text: str) -> int:
 def context_override(extra: Sequence[str]) -> int | None:
     """The value of ``--sglang-context-length`` among the arguments after ``--`` (the last, as argparse keeps); None
     when absent; :class:`ValueError` naming the flag when SGLang could not read it."""
-    found = None
-    for i, word in enumerate(extra):
-        if word == OVERRIDE_FLAG and i + 1 < len(extra):
-            found = extra[i + 1]
-        elif word.startswith(OVERRIDE_FLAG + "="):
-            found = word.split("=", 1)[1]
+    found = flag_text(extra, OVERRIDE_FLAG)
     if found is None:
         return None
     try:
