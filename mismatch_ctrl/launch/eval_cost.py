@@ -1,16 +1,18 @@
 """What evaluation costs a run, in generated tokens, next to training: printed by ``--dry-run`` and a launch.
 
 Per evaluation: ``sum over datasets of prompts x n_samples_per_eval_prompt`` responses of up to ``max_response_len``
-tokens (a dataset's own values, else the file's ``defaults``, else slime's ``--rollout-*`` values: one sample,
-``MAX_RESPONSE_LEN``). Evaluations per run: one every ``EVAL_INTERVAL`` rollouts, plus one before training unless
-``SKIP_EVAL_BEFORE_TRAIN=1``. Training: ``NUM_ROLLOUT x ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT`` responses of up to
-``MAX_RESPONSE_LEN``. Both are upper bounds (responses stop early); the share compares like with like.
+tokens (a dataset's own values, else the file's ``defaults``, else slime's flags: one sample,
+``--eval-max-response-len`` after ``--`` or ``MAX_RESPONSE_LEN``; :func:`~.preflight.eval_sets`). Evaluations per
+run: one every ``EVAL_INTERVAL`` rollouts, plus one before training unless ``SKIP_EVAL_BEFORE_TRAIN=1``. Training:
+``NUM_ROLLOUT x ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT`` responses of up to ``MAX_RESPONSE_LEN``. Both are upper
+bounds (responses stop early); the share compares like with like.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .preflight import eval_sets
 from .settings import Settings
@@ -61,14 +63,15 @@ def _prompts(path: str, name: str) -> int | None:
     return RECORDED_PROMPTS.get(name)
 
 
-def eval_cost(s: Settings) -> EvalCost | None:
-    """The cost of ``s``'s evaluation (None with ``EVAL_INTERVAL=0``); ``EVAL_CONFIG`` must be readable."""
+def eval_cost(s: Settings, extra: Sequence[str] = ()) -> EvalCost | None:
+    """The cost of ``s``'s evaluation (None with ``EVAL_INTERVAL=0``); ``EVAL_CONFIG`` must be readable; ``extra``:
+    train.py's arguments after ``--`` (``--eval-max-response-len``)."""
     interval = s.int("EVAL_INTERVAL")
     if interval == 0:
         return None
     responses = tokens = 0
     unknown = []
-    for dataset in eval_sets(s):
+    for dataset in eval_sets(s, extra):
         prompts = _prompts(dataset.path, dataset.name)
         if prompts is None:
             unknown.append(dataset.name)

@@ -289,7 +289,7 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
     for line in memory.warnings() + length_warnings:
         report.warn(line)
     try:
-        cost = eval_cost(s)
+        cost = eval_cost(s, user.extra)
     except EVAL_CONFIG_ERRORS:
         cost = None  # named by the path checks
     if cost is not None:
