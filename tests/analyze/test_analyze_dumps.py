@@ -1,6 +1,8 @@
 """slime's dump format: the writer produces it exactly; the reader takes it (and its variants) one rollout at a time
 and reports unusable files by name instead of crashing."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from mismatch_ctrl.analyze.dumps import (
     Skipped,
     find_rollouts,
     iter_rollouts,
+    load_dump,
     read_rollout,
     samples_from_rollout_data,
     write_rollout_dump,
@@ -372,3 +375,25 @@ def test_a_train_dump_without_samples_says_so_and_nothing_else(tmp_path):
     result = analyze_dumps(tmp_path, AnalyzeOptions(progress=False, architecture="moe"))
     assert result["rollouts"][1]["notes"] == ["train dump without samples: nothing to measure in this rollout"]
     assert result["counts"]["measured"] == 2
+
+
+NUMPY1_DUMP = Path(__file__).parent / "data" / "numpy1_26_dump.pt"
+"""Written by torch.save under numpy 1.26.4 (slime's image) of ``{"rollout_id": 0, "samples": [{"a":
+np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float64(0.5), "i": np.int32(3), "e": np.zeros(0), "f":
+np.asfortranarray(np.ones((2, 2))), "b": b""}]}``: its numpy objects pickle under ``numpy.core.multiarray``."""
+
+
+@pytest.mark.parametrize("numpy_major", ["2", "1"])
+def test_a_dump_written_under_numpy_1_loads_safely(monkeypatch, numpy_major):
+    """The safe loader allows numpy's functions under both module paths, and picks numpy 1's when it runs there."""
+    import warnings
+
+    import numpy as np
+    if numpy_major == "1" and np.__version__.startswith("2"):
+        monkeypatch.setattr(np, "__version__", "1.26.4")  # the numpy 1 branch; numpy 2 serves numpy.core on request
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sample = load_dump(NUMPY1_DUMP)["samples"][0]
+    assert np.array_equal(sample["a"], np.arange(6, dtype=np.float32).reshape(2, 3)) and sample["a"].dtype == np.float32
+    assert sample["s"] == 0.5 and sample["i"] == 3 and sample["i"].dtype == np.int32
+    assert sample["e"].shape == (0,) and sample["f"].flags.f_contiguous and sample["b"] == b""

@@ -177,21 +177,24 @@ def _reconstructor(reconstruct: Any) -> Any:
 
 def safe_globals() -> list[Any]:
     """What ``weights_only`` loading may build besides tensors and plain Python data: numpy arrays and scalars of
-    numeric dtypes (their reconstruct functions under numpy 2's and numpy 1's module paths, for numpy's own empty
-    start only), the empty byte string (:func:`_empty_bytes`) and ``datetime`` values (built from their own fields;
-    no code runs). Nothing here allocates more than the file holds."""
+    numeric dtypes (their functions under numpy 2's and numpy 1's module paths, whichever numpy wrote the file and
+    whichever reads it; arrays from numpy's own empty start only), the empty byte string (:func:`_empty_bytes`) and
+    ``datetime`` values (built from their own fields; no code runs). Nothing here allocates more than the file holds."""
     import datetime
 
     import numpy as np
 
-    core = getattr(np, "_core", None) or np.core
+    if int(np.__version__.split(".")[0]) >= 2:
+        from numpy._core import multiarray
+    else:  # numpy 1 (slime's image: 1.26.4), whose numpy._core is a stub once torch is imported
+        from numpy.core import multiarray
     dtypes = {type(np.dtype(t)) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                                          np.uint32, np.uint64, np.float16, np.float32, np.float64)}
-    reconstruct, scalar = _reconstructor(core.multiarray._reconstruct), core.multiarray.scalar
-    return [np.ndarray, np.dtype, scalar, *sorted(dtypes, key=str), datetime.datetime, datetime.date, datetime.time,
+    reconstruct, scalar = _reconstructor(multiarray._reconstruct), multiarray.scalar
+    return [np.ndarray, np.dtype, *sorted(dtypes, key=str), datetime.datetime, datetime.date, datetime.time,
             datetime.timedelta, datetime.timezone, (_empty_bytes, "builtins.bytes"),
-            (reconstruct, "numpy._core.multiarray._reconstruct"), (reconstruct, "numpy.core.multiarray._reconstruct"),
-            (scalar, "numpy.core.multiarray.scalar")]
+            *((function, f"{module}.multiarray.{name}") for module in ("numpy._core", "numpy.core")
+              for function, name in ((reconstruct, "_reconstruct"), (scalar, "scalar")))]
 
 
 def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
