@@ -82,11 +82,16 @@ def flag_value_in(extra: Sequence[str], flag: str) -> int | None:
     return int(found)
 
 
-def _positive(config: Mapping[str, Any], key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+def _positive(key: str, value: Any) -> float:
+    """``value`` as a finite positive float; :class:`ConfigError` naming ``key`` otherwise."""
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    if not (math.isfinite(number) and number > 0):
         raise ConfigError(f"config.json has {key} = {brief(value)}; expected a positive number (SGLang derives its "
                           "context length from it)")
-    return float(value)
+    return number
 
 
 def sglang_context_length(config: Mapping[str, Any]) -> int:
@@ -96,11 +101,11 @@ def sglang_context_length(config: Mapping[str, Any]) -> int:
     rope = config.get("rope_scaling")
     if isinstance(rope, Mapping) and rope and "original_max_position_embeddings" not in rope and \
             rope.get("rope_type", rope.get("type")) != "llama3":
-        factor = _positive(config, "rope_scaling.factor", rope.get("factor", 1))
+        factor = _positive("rope_scaling.factor", rope.get("factor", 1))
     for key in CONTEXT_LENGTH_KEYS:
         value = config.get(key)
         if value is not None:
-            return int(_positive(config, key, value) * factor)
+            return int(_positive(f"{key} x rope_scaling.factor", _positive(key, value) * factor))
     return DEFAULT_CONTEXT_LENGTH
 
 

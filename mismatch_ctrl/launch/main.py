@@ -35,8 +35,9 @@ from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, host_memo
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
-LENGTH_FLAGS = ("--eval-max-response-len", "--rollout-max-prompt-len", "--eval-max-prompt-len")
-"""slime's integer flags after ``--`` that the response-length check reads."""
+INTEGER_FLAGS = ("--eval-max-response-len", "--rollout-max-prompt-len", "--eval-max-prompt-len",
+                "--n-samples-per-eval-prompt")
+"""slime's integer flags after ``--`` that the launcher's checks read."""
 
 
 class Stop(Exception):
@@ -158,7 +159,7 @@ def response_lengths_check(s: Settings, shape: ModelShape, source: str, extra: S
     (:mod:`.context_length`); eval sets of one length and origin are named together."""
     try:
         override = context_override(extra)
-        for flag in LENGTH_FLAGS:
+        for flag in INTEGER_FLAGS:
             flag_value_in(extra, flag)
     except ValueError as exc:
         return [str(exc)], []

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import yaml
 
@@ -43,12 +43,13 @@ class EvalSet:
 
 def eval_sets(s: Settings, extra: Sequence[str] = ()) -> list[EvalSet]:
     """The datasets of ``s``'s ``EVAL_CONFIG`` as slime 624b824a reads them (none with ``EVAL_INTERVAL=0``): the
-    ``eval`` mapping or the file's root (``slime/utils/arguments.py:1730-1745``), datasets as a list or a mapping keyed
-    by name (``slime/utils/eval_config.py::ensure_dataset_list``), each value the dataset's, else ``defaults``', else
-    the flag's (``DATASET_RUNTIME_SPECS``: ``--eval-max-response-len`` among ``extra``, else ``MAX_RESPONSE_LEN``;
-    ``--n-samples-per-eval-prompt``, default 1), with ``${oc.env:NAME,default}`` resolved as slime's OmegaConf loader
-    does in the job driver (where ``DATA_DIR`` is set). Raises one of :data:`EVAL_CONFIG_ERRORS` for a file that
-    cannot be read or a value of the wrong form."""
+    ``eval`` mapping or the file's root, at least one dataset (``slime/utils/arguments.py:1730-1750``), datasets as a
+    list of named entries or a mapping keyed by name (``slime/utils/eval_config.py::ensure_dataset_list``), each value
+    the dataset's, else ``defaults``', else the flag's (``DATASET_RUNTIME_SPECS``: ``--eval-max-response-len`` among
+    ``extra``, else ``MAX_RESPONSE_LEN``; ``--n-samples-per-eval-prompt``, default 1). slime hands these numbers to
+    SGLang unconverted, so a string (``${oc.env:...}`` always gives one) or a null is refused here. Paths get
+    ``${oc.env:NAME,default}`` resolved as slime's OmegaConf loader does in the job driver (where ``DATA_DIR`` is
+    set). Raises one of :data:`EVAL_CONFIG_ERRORS` for a file that cannot be read or a value of the wrong form."""
     if s.int("EVAL_INTERVAL") == 0:
         return []
     with open(s["EVAL_CONFIG"]) as f:
@@ -56,35 +57,42 @@ def eval_sets(s: Settings, extra: Sequence[str] = ()) -> list[EvalSet]:
     if not isinstance(root, dict):
         raise ValueError("not a mapping at its root, as slime needs")
     config = root.get("eval", root)
+    if not isinstance(config, dict):
+        raise ValueError(f"its eval: is {config!r}, not a mapping, as slime needs")
     defaults = config.get("defaults") or {}
     datasets = config.get("datasets") or []
     if isinstance(datasets, dict):
-        datasets = [{"name": name, **(entry or {})} for name, entry in datasets.items()]
+        datasets = [{**(entry or {}), "name": name} for name, entry in datasets.items()]
+    if not isinstance(defaults, dict) or not isinstance(datasets, list) or not all(
+            isinstance(d, dict) for d in datasets):
+        raise ValueError("defaults must be a mapping and datasets a list of mappings (or a mapping keyed by name)")
+    if not datasets:
+        raise ValueError("it defines no datasets: slime refuses to start (give at least one, or set EVAL_INTERVAL=0)")
     environment = {**os.environ, "DATA_DIR": s["DATA_DIR"]}
 
-    def resolved(value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        return _INTERPOLATION.sub(lambda m: environment.get(m.group(1), m.group(2) or ""), value)
-
     def number(dataset: dict, key: str, flag: str, flag_value: int) -> tuple[int, str]:
-        given = resolved(dataset.get(key, defaults.get(key)))
-        if given is None:
-            return flag_value, flag
-        if isinstance(given, str) and given.isascii() and given.isdigit():
-            given = int(given)
-        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-            raise ValueError(f"dataset {dataset.get('name')}: {key} is {given!r}, not a positive integer")
-        return given, "EVAL_CONFIG"
+        for where in (dataset, defaults):
+            if key in where:
+                given = where[key]
+                if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+                    raise ValueError(f"dataset {dataset['name']}: {key} is {given!r}, not a positive integer (slime "
+                                     "passes it on unconverted: write the number itself)")
+                return given, "EVAL_CONFIG"
+        return flag_value, flag
 
     eval_length = flag_value_in(extra, "--eval-max-response-len")
     length_flag = ("--eval-max-response-len", eval_length) if eval_length is not None else \
         ("MAX_RESPONSE_LEN", s.int("MAX_RESPONSE_LEN"))
+    samples_flag = ("--n-samples-per-eval-prompt", flag_value_in(extra, "--n-samples-per-eval-prompt") or 1)
     out = []
     for dataset in datasets:
-        samples, _ = number(dataset, "n_samples_per_eval_prompt", "--n-samples-per-eval-prompt", 1)
+        if "name" not in dataset:
+            raise ValueError("a dataset entry has no name, which slime needs")
+        samples, _ = number(dataset, "n_samples_per_eval_prompt", *samples_flag)
         length, source = number(dataset, "max_response_len", *length_flag)
-        out.append(EvalSet(str(dataset.get("name")), resolved(str(dataset["path"])), samples, length, source))
+        path = _INTERPOLATION.sub(lambda m: environment.get(m.group(1), (m.group(2) or "").strip()),
+                                  str(dataset["path"]))
+        out.append(EvalSet(str(dataset["name"]), path, samples, length, source))
     return out
 
 

@@ -4,6 +4,7 @@ no room for a prompt and warns where little is left."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ def test_the_context_length_is_sglangs(config, expected) -> None:
 @pytest.mark.parametrize("config, key", [
     ({"max_position_embeddings": float("inf")}, "max_position_embeddings"),
     ({"max_position_embeddings": -5}, "max_position_embeddings"),
+    ({"max_position_embeddings": 10 ** 400}, "max_position_embeddings"),
     ({"max_position_embeddings": "40960"}, "max_position_embeddings"),
     ({"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": None}}, "rope_scaling.factor"),
 ])
@@ -179,11 +181,11 @@ GIVEN = {"METHOD": "dcgrpo", "MODEL": "qwen3_30b_a3b", "REPO_ROOT": str(REPO), "
 @pytest.mark.parametrize("text", [
     "eval:\n  defaults:\n    max_response_len: 4096\n  datasets:\n"
     "    - name: aime24\n      path: ${oc.env:DATA_DIR}/aime24.jsonl\n"
-    "      max_response_len: ${oc.env:AIME_LEN,30000}\n"
+    "      max_response_len: 30000\n"
     "    - name: math500\n      path: /m/math500.jsonl\n",
     # no eval: key (slime reads the root), datasets keyed by name
     "defaults:\n  max_response_len: 4096\ndatasets:\n"
-    "  aime24:\n    path: ${oc.env:DATA_DIR}/aime24.jsonl\n    max_response_len: ${oc.env:AIME_LEN,30000}\n"
+    "  aime24:\n    path: ${oc.env:DATA_DIR, /data}/aime24.jsonl\n    max_response_len: 30000\n"
     "  math500:\n    path: /m/math500.jsonl\n",
 ])
 def test_eval_sets_are_read_as_slime_reads_them(tmp_path, text) -> None:
@@ -218,3 +220,33 @@ def test_eval_sets_of_one_length_are_named_together(sandbox: Sandbox, tmp_path: 
         warned[0] and "the evaluation fails" in warned[0] and "--eval-max-prompt-len 960 after --" in warned[0]
     bad = sandbox.run(LAUNCHER, "--dry-run", "--", "--eval-max-response-len", "lots", env=cluster)
     assert bad.returncode == 2 and "--eval-max-response-len 'lots' after -- is not an integer" in bad.stderr
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("eval:\n  datasets:\n    - name: a\n      path: /a\n      max_response_len: ${oc.env:LEN,30000}\n",
+     "dataset a: max_response_len is '${oc.env:LEN,30000}', not a positive integer (slime passes it on unconverted"),
+    ("eval:\n  defaults:\n    max_response_len: null\n  datasets:\n    - name: a\n      path: /a\n",
+     "dataset a: max_response_len is None"),
+    ("eval:\n  datasets:\n    - name: a\n      path: /a\n      n_samples_per_eval_prompt: '4'\n",
+     "dataset a: n_samples_per_eval_prompt is '4'"),
+    ("eval:\n  datasets: []\n", "defines no datasets: slime refuses to start"),
+    ("eval:\n  datasets:\n    - path: /a\n", "a dataset entry has no name"),
+    ("eval: null\n", "its eval: is None, not a mapping"),
+    ("eval:\n  datasets: 3\n", "datasets a list of mappings"),
+])
+def test_an_eval_config_slime_would_fail_on_is_named(tmp_path, text, fragment) -> None:
+    """slime hands the numbers to SGLang unconverted (a string from ${oc.env} fails at the first evaluation) and
+    refuses a config without datasets or with unnamed ones."""
+    config = tmp_path / "eval.yaml"
+    config.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        eval_sets(Settings({"EVAL_CONFIG": str(config)}, GIVEN))
+
+
+def test_eval_samples_follow_the_flag_after_the_double_dash(tmp_path) -> None:
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets:\n    - name: a\n      path: /a\n    - name: b\n      path: /b\n"
+                      "      n_samples_per_eval_prompt: 2\n")
+    s = Settings({"EVAL_CONFIG": str(config)}, GIVEN)
+    assert [e.samples for e in eval_sets(s)] == [1, 2]
+    assert [e.samples for e in eval_sets(s, ["--n-samples-per-eval-prompt", "16"])] == [16, 2]
