@@ -30,8 +30,7 @@ from .dcgrpo import DCGRPOSettings
 from .errors import ConfigError
 from .formatting import brief, clip
 from .lr_schedule import LengthDecaySettings
-from .presets import (FIELD_ALIASES, PRESET_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis,
-                      slime_mis_names)
+from .presets import FIELD_ALIASES, PRESET_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis
 
 ROOT_KEY = "mismatch_ctrl"
 
@@ -239,7 +238,7 @@ def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
     path = f"{ROOT_KEY}.correction"
     if not isinstance(section, Mapping):
         raise ConfigError(f"{path}: expected a mapping, got {brief(section)}")
-    fields = from_slime_mis(section, path)
+    fields, names = from_slime_mis(section, path)
     preset = fields.pop("preset", "none") or "none"
     try:
         preset = canonical_preset(str(preset))
@@ -252,7 +251,7 @@ def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
                 raise ConfigError(f"{path}.{alias}: duplicates {canonical}; keep one of them")
             fields[canonical] = fields.pop(alias)
     return preset, _build(CorrectionSpec, fields, path, base=PRESETS[preset],
-                          extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS), names=slime_mis_names(section))
+                          extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS), names=names)
 
 
 def _check_combination(config: Config) -> None:

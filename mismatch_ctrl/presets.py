@@ -84,9 +84,11 @@ SLIME_MIS_KEYS = ("use_tis", "use_rs", "tis_level", "rs_level", "tis_mode", "tis
 _CANONICAL_KEYS = frozenset(CorrectionSpec.__dataclass_fields__).union(FIELD_ALIASES).difference(SLIME_MIS_KEYS)
 
 
-def from_slime_mis(section: Mapping[str, Any], path: str) -> dict[str, Any]:
+def from_slime_mis(section: Mapping[str, Any], path: str) -> tuple[dict[str, Any], dict[str, str]]:
     """``section`` with the :data:`SLIME_MIS_KEYS` replaced by the :class:`CorrectionSpec` fields of the correction
-    slime's ``mis.py`` (``compute_mis_weights``, slime 624b824a) applies for them.
+    slime's ``mis.py`` (``compute_mis_weights``, slime 624b824a) applies for them; and, so that a problem with a value
+    is named as the file writes it, the key each field came from (``{field: key}``, with the key's default where the
+    value was defaulted, e.g. ``rs_lower_bound (null: tis_lower_bound)``; empty for a section in our vocabulary).
 
     What ``compute_mis_weights`` does, and so what this configures:
 
@@ -109,7 +111,7 @@ def from_slime_mis(section: Mapping[str, Any], path: str) -> dict[str, Any]:
     caller's unknown-key check.
     """
     if not any(key in section for key in SLIME_MIS_KEYS if key != "rs_level"):
-        return dict(section)
+        return dict(section), {}
     given = {key: section[key] for key in SLIME_MIS_KEYS if key in section}
     rest = {key: value for key, value in section.items() if key not in given}
     mixed = sorted(key for key in rest
@@ -119,13 +121,14 @@ def from_slime_mis(section: Mapping[str, Any], path: str) -> dict[str, Any]:
                           "use one vocabulary: either slime's keys alone or preset/is_*/rs_* keys")
     keys = _SlimeKeys(given, path)
     if not keys.flag("use_tis", "first (false: metrics only)"):
-        return rest
+        return rest, {}
     use_rs = keys.flag("use_rs", "when use_tis is true")
     mode = keys.choice("tis_mode", MODES, "when use_tis is true")
     tis_high = keys.number("tis_upper_bound", "when use_tis is true")
     if not tis_high > 0:
         raise ConfigError(f"{path}.tis_upper_bound: must be > 0, got {tis_high}")
     tis_low = keys.number("tis_lower_bound")
+    low_default = ("tis_lower_bound", tis_low) if tis_low is not None else ("1 / tis_upper_bound", 1.0 / tis_high)
     fields: dict[str, Any] = {
         "is_level": keys.choice("tis_level", LEVELS, "when use_tis is true"),
         "is_mode": mode,
@@ -133,32 +136,20 @@ def from_slime_mis(section: Mapping[str, Any], path: str) -> dict[str, Any]:
         "is_low": None if mode == "truncate" else tis_low,
         "batch_normalize": keys.flag("tis_batch_normalize", default=False),
     }
+    names = {"is_level": "tis_level", "is_mode": "tis_mode", "is_high": "tis_upper_bound",
+             "is_low": "the lower bound (0 in truncate mode)" if mode == "truncate" else
+             "tis_lower_bound" if tis_low is not None else "tis_lower_bound (null: 1 / tis_upper_bound)",
+             "batch_normalize": "tis_batch_normalize"}
     if use_rs:
-        rs_low, rs_high = keys.number("rs_lower_bound"), keys.number("rs_upper_bound")
-        fields.update(
-            rs_level=keys.choice("rs_level", LEVELS, "when use_rs is true"),
-            rs_low=rs_low if rs_low is not None else (tis_low if tis_low is not None else 1.0 / tis_high),
-            rs_high=rs_high if rs_high is not None else tis_high,
-            veto=keys.number("rs_veto_threshold"),
-        )
-    return {**rest, **fields}
-
-
-def slime_mis_names(section: Mapping[str, Any]) -> dict[str, str]:
-    """For a section in slime's vocabulary (:func:`from_slime_mis`), the key each :class:`CorrectionSpec` field came
-    from, so that a problem with a value is named as the user wrote it: ``{field: key}``, with the key's default
-    named where the value was defaulted (``rs_lower_bound (null: tis_lower_bound)``); ``{}`` for other sections."""
-    if not any(key in section for key in SLIME_MIS_KEYS if key != "rs_level"):
-        return {}
-    tis_low = "tis_lower_bound" if section.get("tis_lower_bound") is not None else "1 / tis_upper_bound"
-    is_low = ("the lower bound (0 in truncate mode)" if section.get("tis_mode") == "truncate" else
-              "tis_lower_bound" if tis_low == "tis_lower_bound" else "tis_lower_bound (null: 1 / tis_upper_bound)")
-    names = {"is_level": "tis_level", "is_mode": "tis_mode", "is_high": "tis_upper_bound", "is_low": is_low,
-             "rs_level": "rs_level", "veto": "rs_veto_threshold", "batch_normalize": "tis_batch_normalize"}
-    for field, key, default in (("rs_low", "rs_lower_bound", tis_low),
-                                ("rs_high", "rs_upper_bound", "tis_upper_bound")):
-        names[field] = key if section.get(key) is not None else f"{key} (null: {default})"
-    return names
+        fields.update(rs_level=keys.choice("rs_level", LEVELS, "when use_rs is true"),
+                      veto=keys.number("rs_veto_threshold"))
+        names.update(rs_level="rs_level", veto="rs_veto_threshold")
+        for field, key, (default_name, default) in (("rs_low", "rs_lower_bound", low_default),
+                                                    ("rs_high", "rs_upper_bound", ("tis_upper_bound", tis_high))):
+            given = keys.number(key)
+            fields[field] = given if given is not None else default
+            names[field] = key if given is not None else f"{key} (null: {default_name})"
+    return {**rest, **fields}, names
 
 
 class _SlimeKeys:
