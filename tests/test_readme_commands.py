@@ -27,6 +27,7 @@ What runs and what is only resolved:
 Commands with placeholders (``DIR``, ``P``, ``FILE``, ``...``) are templates, not commands, and are left out."""
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
@@ -38,6 +39,9 @@ import pytest
 from mismatch_ctrl.cli import build_parser, lab_plan, main
 
 ROOT = Path(__file__).resolve().parents[1]
+SOURCE_TREE_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+"""A script's environment: mismatch_ctrl from this source tree, as the suite imports it (the venv installs it; a
+device machine's python3, which runs the suite from the source tree, does not)."""
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PLACEHOLDERS = {"DIR", "DIR...", "P", "Q", "LR", "N", "...", "my.yaml", "[--json]", "METHOD", "FILE", "D"}
 DEMO = ["lab", "--out", "runs/lab"]
@@ -206,13 +210,13 @@ def test_each_benchmark_command_uses_the_venv_and_its_flags_parse(path, interpre
     script = ROOT / args[0]
     assert script.is_file(), f"{_rel(path)}: {args[0]} does not exist"
     help_run = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+                              timeout=120, env=SOURCE_TREE_ENV)
     assert help_run.returncode == 0, help_run.stderr
     for flag in (a.split("=")[0] for a in args[1:] if a.startswith("--")):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,=\]]|$)", help_run.stdout, flags=re.M), \
             f"{_rel(path)}: {args[0]} has no option {flag}"
     parsed = subprocess.run([sys.executable, str(script), *args[1:], "--help"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=120, env=SOURCE_TREE_ENV)
     assert parsed.returncode == 0, f"{_rel(path)}: {' '.join(args)}: {parsed.stderr[-500:]}"
 
 

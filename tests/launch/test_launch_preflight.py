@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,8 +12,14 @@ import pytest
 
 def needs_the_recipe_imports() -> None:
     """A launch that reaches the import checks imports the recipe's reward, which needs math-verify (``make`` and the
-    image install it; a bare python with torch may not have it)."""
-    pytest.importorskip("math_verify", reason="the preflight imports the recipe's reward: pip install -e '.[recipe]'")
+    image install it; a bare python with torch may not have it). Asked of the launcher's python in the launcher's
+    environment, which inherits no PYTHONPATH: a package this process finds only through one (wheels unpacked for a
+    device machine) is not there for the launch."""
+    found = subprocess.run([sys.executable, "-c", "import math_verify"], capture_output=True,
+                           env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/")})
+    if found.returncode != 0:
+        pytest.skip("the preflight imports the recipe's reward, and the launcher's python cannot import math_verify "
+                    "without PYTHONPATH: pip install -e '.[recipe]'")
 
 
 def errors_of(stderr: str) -> list[str]:
