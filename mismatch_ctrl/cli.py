@@ -371,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(64-128-token answers: the long-answer regime) (default: {d['task']})")
     lab.add_argument("--steps", type=options.positive_int,
                      help=f"rollouts (training iterations) per run (default: {d['steps']})")
-    lab.add_argument("--lr", type=options.learning_rate, help=f"Adam learning rate (default: {d['lr']})")
+    per_policy = "".join(f"; {own['lr']:g} for {kind}" for kind, own in options.POLICY_DEFAULTS.items() if "lr" in own)
+    lab.add_argument("--lr", type=options.learning_rate, help=f"Adam learning rate (default: {d['lr']:g}{per_policy})")
     lab.add_argument("--num-steps-per-rollout", type=options.positive_int,
                      help="optimizer steps per rollout, K >= 1 (slime's name): the rollout is split into K batches, "
                           "so steps 2..K train off-policy (default: "

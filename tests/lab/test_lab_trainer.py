@@ -238,7 +238,7 @@ def test_cli_bad_input_exits_2_naming_the_flag_before_the_warm_up(tmp_path, monk
 
 
 def test_presets_fill_unset_options_and_flags_override_them():
-    from mismatch_ctrl.lab.sweeps.options import LAB_DEFAULTS, LAB_PRESETS, resolve
+    from mismatch_ctrl.lab.sweeps.options import LAB_DEFAULTS, LAB_PRESETS, POLICY_DEFAULTS, resolve
 
     parser = cli.build_parser()
     assert resolve(parser.parse_args(["lab"])) == LAB_DEFAULTS
@@ -247,6 +247,11 @@ def test_presets_fill_unset_options_and_flags_override_them():
     assert edge["lr"] == 2e-3 and edge["seeds"] == (7,) and edge["steps"] == LAB_DEFAULTS["steps"]
     gpu_moe = cli.lab_plan(parser.parse_args(["lab", "--preset", "gpu-moe"]))[1]
     assert gpu_moe.lr == 1e-4 and gpu_moe.optimizer_steps == 4  # 1e-3 wrecks moe-large (docs/lab-offpolicy.md)
+    large = resolve(parser.parse_args(["lab", "--policy", "moe-large"]))  # its own lr unless a flag says otherwise
+    assert large["lr"] == POLICY_DEFAULTS["moe-large"]["lr"] != LAB_DEFAULTS["lr"]
+    assert resolve(parser.parse_args(["lab", "--policy", "moe-large", "--lr", "2e-3"]))["lr"] == 2e-3
+    assert resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large"]))["lr"] == 1.5e-3
+    assert resolve(parser.parse_args(["lab", "--policy", "dense"]))["lr"] == LAB_DEFAULTS["lr"]
     for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
         o = resolve(parser.parse_args(["lab", "--preset", name]))
         assert set(preset) <= set(LAB_DEFAULTS)

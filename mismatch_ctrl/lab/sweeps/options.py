@@ -20,6 +20,11 @@ LAB_DEFAULTS: dict[str, Any] = {
 }
 """What ``make demo`` runs: the MoE comparison on the add task at a learning rate where GRPO improves, one seed."""
 
+POLICY_DEFAULTS: dict[str, dict[str, Any]] = {"moe-large": {"lr": 1e-4}}
+"""Per policy kind, the defaults that differ from ``LAB_DEFAULTS`` (a flag or a preset still decides). ``moe-large``
+learns at lr 1e-4; at the lab's 1e-3 its first updates wreck the warmed-up policy even on the exact engine (below,
+``gpu-moe``; on an H200, 2026-11-27, every one of the demo's six runs on ``moe-large`` at 1e-3 ended at accuracy 0)."""
+
 LAB_PRESETS: dict[str, dict[str, Any]] = {
     "demo": {},
     "demo-seeds": {"seeds": (0, 1, 2, 3, 4)},
@@ -204,7 +209,10 @@ def ray_address(text: str) -> str:
 
 
 def resolve(ns: argparse.Namespace) -> dict[str, Any]:
-    """The value of every ``LAB_DEFAULTS`` option: given on the command line, else from ``--preset``, else default."""
+    """The value of every ``LAB_DEFAULTS`` option: given on the command line, else from ``--preset``, else the
+    policy's own default (:data:`POLICY_DEFAULTS`), else the lab's."""
     preset = LAB_PRESETS[ns.preset] if ns.preset else {}
-    return {name: getattr(ns, name) if getattr(ns, name) is not None else preset.get(name, default)
-            for name, default in LAB_DEFAULTS.items()}
+    given = {name: getattr(ns, name) if getattr(ns, name) is not None else preset.get(name)
+             for name in LAB_DEFAULTS}
+    own = POLICY_DEFAULTS.get(given["policy"] or LAB_DEFAULTS["policy"], {})
+    return {name: value if value is not None else own.get(name, LAB_DEFAULTS[name]) for name, value in given.items()}
