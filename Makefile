@@ -34,12 +34,13 @@ test: $(STAMP)  ## run the test suite
 demo: $(STAMP)  ## run the CPU lab comparison on the tiny MoE policy (one seed); report and plots in $(OUT)
 	$(PY) -m mismatch_ctrl lab --out $(OUT)
 
-bench: $(STAMP)  ## core time vs a Python loop and one elementwise pass; hook ops, collectives and time; GPU syncs and time (with CUDA)
+bench: $(STAMP)  ## core time vs a Python loop and one elementwise pass; hook ops, collectives and time; GPU syncs and time, and a fused correction's (with CUDA)
 	$(PY) benchmarks/bench_core.py
 	PYTHONWARNINGS=ignore $(PY) benchmarks/bench_hooks.py
 	$(PY) benchmarks/bench_gpu.py
+	$(PY) benchmarks/bench_fused.py
 
-gpu-check:  ## on a GPU machine (<= 8 min): CUDA tests, GPU benchmark, lab device choice and throughput; report in $(GPU_OUT)
+gpu-check:  ## on a GPU machine (<= 8 min): CUDA tests, GPU benchmarks, lab device choice and throughput; report in $(GPU_OUT)
 	$(GPU_PY) benchmarks/gpu_check.py --out $(GPU_OUT)
 
 lint: $(STAMP)  ## ruff (installed on first use)

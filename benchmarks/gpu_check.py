@@ -6,7 +6,8 @@ Steps, each bounded in time, in this order (a step that fails or runs out of tim
 2. the CUDA tests (``pytest -m cuda``): every hook configuration on CUDA against the CPU and its host
    synchronisations counted by the CUDA runtime (tests/slime/test_slime_device.py), a few lab rollouts of every kind
    of run on CUDA (tests/lab/test_lab_cuda.py);
-3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets;
+3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets; then
+   ``benchmarks/bench_fused.py``: the least a fused correction costs (eager, compiled, CUDA graph) next to the hook;
 4. lab throughput: rollouts per second of the demo's six runs at once (``grpo@none``, ``grpo``, ``grpo+r3``,
    ``dcgrpo``, ``token_tis``, ``geo_rs_e4m3``; one seed) of the small ``moe`` and of the 5.3M-parameter
    ``moe-large`` policy on CUDA and on the CPU, summed over the runs (``--steps`` rollouts each on CUDA; the first
@@ -53,12 +54,12 @@ from mismatch_ctrl.lab.training.settings import AUTO_CUDA_MARGIN, auto_device  #
 
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
-SHARES = {"CUDA tests": 0.2, "hook benchmark": 0.1, "moe on cuda": 0.12, "moe on cpu": 0.1,
+SHARES = {"CUDA tests": 0.2, "hook benchmark": 0.1, "fused floor": 0.06, "moe on cuda": 0.12, "moe on cpu": 0.1,
           "moe-large on cuda": 0.15, "moe-large on cpu": 0.12}
 """Each step's most of the budget (the ``moe-large`` runs on CUDA include the warm-up, cached for the later steps);
-the ``gpu-moe`` sweep gets what is left. On the H200 the steps took 25, 6, 34, 24, 18 and 25 s (the lab steps with
-the demo's six runs at once for ``moe``, one run for ``moe-large``) and the sweep 41 s: each share is at least 1.4x
-that, and what a step leaves goes to the sweep."""
+the ``gpu-moe`` sweep gets what is left. On an H200 (2026-11-27, the demo's six runs at once in every lab step) the
+steps took 22, 5, 31, 24, 34 and 38 s and the sweep 42 s; the fused floor, newer, compiles in ~5 s there (a
+probe of it). Each share is at least 1.4x that, and what a step leaves goes to the sweep."""
 CPU_LARGE_STEPS = 3
 """Rollouts of each ``moe-large`` run on the CPU (one thread each): one is timed."""
 LAB_JOBS = len(DEFAULT_METHODS.split(","))
@@ -273,6 +274,10 @@ def main() -> int:
                                    str(args.out / "bench_gpu.json")], left(SHARES["hook benchmark"]),
                                   args.out / "bench_gpu.log")
     save("hook benchmark")
+    steps["fused floor"] = run([sys.executable, "benchmarks/bench_fused.py", "--json",
+                                str(args.out / "bench_fused.json")], left(SHARES["fused floor"]),
+                               args.out / "bench_fused.log")
+    save("fused floor")
     picks = []
     for policy in ("moe", "moe-large"):
         rates = {}

@@ -1,6 +1,7 @@
-"""The GPU scripts are ready for a short device lease: ``benchmarks/bench_gpu.py`` measures and reports every case
-and ``benchmarks/gpu_check.py`` writes its report, here on the CPU with the CUDA calls stood in for (the numbers
-are the CPU's; only the plumbing is under test), so no lease is spent on a typo."""
+"""The GPU scripts are ready for a short device lease: ``benchmarks/bench_gpu.py`` measures and reports every case,
+``benchmarks/bench_fused.py`` times the hook's own correction fused, and ``benchmarks/gpu_check.py`` writes its
+report, here on the CPU with the CUDA calls stood in for (the numbers are the CPU's; only the plumbing is under
+test), so no lease is spent on a typo."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "benchmarks"), str(Path(__file__).resolve().parent / "lab")]
+import bench_fused  # noqa: E402
 import bench_gpu  # noqa: E402
 import gpu_check  # noqa: E402
 from sweep_helpers import TINY_WARMUP  # noqa: E402
@@ -49,6 +51,46 @@ def test_bench_gpu_measures_every_case_and_judges_the_targets(monkeypatch):
     lines = bench_gpu.report(rows)
     assert "syncs <= 1 and constant: FAIL" in lines[1] and lines[1 + len(rows):] == [
         f"  sync, tis Geo-MIS @6: {site}" for site in ("a.py:1 f", "b.py:2 g")] + ["  sync, tis Geo-MIS @3: a.py:1 f"]
+
+
+def test_the_fused_correction_is_the_hooks_with_rejections_and_vetoes():
+    """bench_fused's floor is only a floor if it computes what the hook computes: the same ``pg_loss`` to 1e-6 on
+    slime-shaped input where the geometric band rejects sequences 0 and 1 and a token vetoes sequence 2."""
+    view = bench_fused.local_view(bench_fused.make_rollout(12, 30, 200, seed=3), list(range(12)))
+    train, rollout = [t.clone() for t in view["log_probs"]], [t.clone() for t in view["rollout_log_probs"]]
+    rollout[0] -= 0.01  # geometric ratio exp(+0.01) > 1.001 (log-probs stay below 0)
+    train[1] -= 0.01  # exp(-0.01) < 0.999
+    train[2][view["loss_masks"][2].nonzero()[5, 0]] -= 20.0  # one trained token's rho = exp(-20) < 1e-4
+    view.update(log_probs=train, rollout_log_probs=rollout)
+    args = bench_fused.make_args({"name": bench_fused.PRESET, "correction": {"preset": bench_fused.PRESET}})
+    expected = bench_fused.tis_call(args, view)()[0].detach()
+    pg_loss = torch.cat(view["log_probs"]).neg()
+    fused = bench_fused.fused_geo_rs_token_tis(*bench_fused.flat_inputs(view, pg_loss))
+    assert (expected - fused).abs().max() <= bench_fused.TOLERANCE
+    per_seq = [part.abs().sum() for part in fused.split(view["response_lengths"])]
+    assert per_seq[0] == per_seq[1] == per_seq[2] == 0 and all(total > 0 for total in per_seq[3:])
+
+
+def test_a_fused_correction_that_differs_from_the_hook_is_not_timed(monkeypatch):
+    monkeypatch.setattr(bench_fused, "fused_geo_rs_token_tis", lambda pg_loss, *rest: pg_loss.detach())
+    with pytest.raises(SystemExit, match="differs from the hook's by"):
+        bench_fused.case(6, 20, 90, 0, "cpu")
+
+
+def test_bench_fused_times_every_variant(monkeypatch):
+    """The plumbing on the CPU: ``torch.compile`` and the CUDA graph stood in for by the eager function."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench_fused, "on_gpu", lambda view: view)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    monkeypatch.setattr(bench_fused, "graph_call", lambda fn, inputs: lambda: fn(*inputs))
+    monkeypatch.setattr(bench_fused, "CASES", [(6, 20, 90), (3, 50, 60)])
+    rows = bench_fused.measure(repeats=2, seed=0)
+    assert [r["responses"] for r in rows] == [6, 3]
+    for row in rows:
+        assert row["max_difference"] <= bench_fused.TOLERANCE and row["compiled_max_difference"] == 0
+        assert all(row[f"{name}_ms"] > 0 for name in ("hook", "eager", "compiled", "graph", "pass"))
+    lines = bench_fused.report(rows)
+    assert len(lines) == 3 and lines[1].split()[:2] == ["6", f"{rows[0]['tokens']:,d}"]
 
 
 @pytest.mark.parametrize("rates, chosen, verdict", [
@@ -83,8 +125,11 @@ def test_the_gpu_scripts_say_when_there_is_no_gpu(capsys, tmp_path, monkeypatch)
     assert gpu_check.main() == 1
     monkeypatch.setattr(sys, "argv", ["bench_gpu.py"])
     bench_gpu.main()
+    monkeypatch.setattr(sys, "argv", ["bench_fused.py"])
+    bench_fused.main()
     out = capsys.readouterr().out
-    assert "no CUDA GPU here" in out and out.count("no CUDA GPU") == 2
+    assert "no CUDA GPU here" in out and out.count("no CUDA GPU") == 3
+    assert "the fused correction equals the hook's on the CPU" in out
 
 
 @pytest.mark.parametrize("script, argv, message", [
@@ -93,6 +138,8 @@ def test_the_gpu_scripts_say_when_there_is_no_gpu(capsys, tmp_path, monkeypatch)
     (gpu_check, ["--budget", "-5"], "argument --budget: must be an integer >= 1"),
     (bench_gpu, ["--repeats", "0"], "argument --repeats: must be an integer >= 1"),
     (bench_gpu, ["--json", "/nonexistent-dir/report.json"], "/nonexistent-dir is not a directory"),
+    (bench_fused, ["--repeats", "0"], "argument --repeats: must be an integer >= 1"),
+    (bench_fused, ["--json", "/nonexistent-dir/report.json"], "/nonexistent-dir is not a directory"),
 ])
 def test_bad_options_are_refused_before_any_work(script, argv, message, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *argv])
@@ -124,7 +171,7 @@ sys.meta_path.insert(0, NotInstalled())
 '''
 
 
-@pytest.mark.parametrize("script", ["gpu_check.py", "bench_gpu.py"])
+@pytest.mark.parametrize("script", ["gpu_check.py", "bench_gpu.py", "bench_fused.py"])
 def test_the_gpu_scripts_run_from_the_source_tree_without_an_install(script, tmp_path):
     """``make gpu-check`` on the device machine runs ``python3 benchmarks/gpu_check.py`` from the repository root
     with a python that has torch but not this package (nor megatron-core): the scripts find the source tree
