@@ -58,8 +58,9 @@ SHARES = {"CUDA tests": 0.2, "hook benchmark": 0.1, "fused floor": 0.06, "moe on
           "moe-large on cuda": 0.15, "moe-large on cpu": 0.12}
 """Each step's most of the budget (the ``moe-large`` runs on CUDA include the warm-up, cached for the later steps);
 the ``gpu-moe`` sweep gets what is left. On an H200 (2026-11-27, the demo's six runs at once in every lab step) the
-steps took 22, 5, 31, 24, 34 and 38 s and the sweep 42 s; the fused floor, newer, compiles in ~5 s there (a
-probe of it). Each share is at least 1.4x that, and what a step leaves goes to the sweep."""
+steps took 22, 5, 31, 24, 34 and 38 s and the sweep 42 s (``moe-large`` then ran at lr 1e-3 and collapsed; it
+runs at 1e-4 now); ``bench_fused.py`` took under 25 s on another H200, its compile included. Each share is at least
+1.4x that, and what a step leaves goes to the sweep."""
 CPU_LARGE_STEPS = 3
 """Rollouts of each ``moe-large`` run on the CPU (one thread each): one is timed."""
 LAB_JOBS = len(DEFAULT_METHODS.split(","))

@@ -6,6 +6,7 @@ test), so no lease is spent on a typo."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -54,21 +55,40 @@ def test_bench_gpu_measures_every_case_and_judges_the_targets(monkeypatch):
 
 
 def test_the_fused_correction_is_the_hooks_with_rejections_and_vetoes():
-    """bench_fused's floor is only a floor if it computes what the hook computes: the same ``pg_loss`` to 1e-6 on
-    slime-shaped input where the geometric band rejects sequences 0 and 1 and a token vetoes sequence 2."""
-    view = bench_fused.local_view(bench_fused.make_rollout(12, 30, 200, seed=3), list(range(12)))
+    """bench_fused's floor is only a floor if it computes what the hook computes: the same ``pg_loss`` on
+    slime-shaped input where each rule decides a sequence on its own: the band from above (0) and below (1), the veto
+    alone (2: its -20 offset by other tokens, so its mean stays in the band), truncation at 2 (3: l = +1 and -1), the
+    veto ignoring an untrained token (4), and the mean over trained tokens only (5: out of the band, in it if its
+    untrained half counted)."""
+    view = bench_fused.local_view(bench_fused.make_rollout(12, 120, 200, seed=3), list(range(12)))
     train, rollout = [t.clone() for t in view["log_probs"]], [t.clone() for t in view["rollout_log_probs"]]
+    masks = [m.clone().float() for m in view["loss_masks"]]
+    trained = [m.nonzero()[:, 0] for m in masks]
     rollout[0] -= 0.01  # geometric ratio exp(+0.01) > 1.001 (log-probs stay below 0)
     train[1] -= 0.01  # exp(-0.01) < 0.999
-    train[2][view["loss_masks"][2].nonzero()[5, 0]] -= 20.0  # one trained token's rho = exp(-20) < 1e-4
-    view.update(log_probs=train, rollout_log_probs=rollout)
+    train[2][trained[2][0]] -= 20.0  # rho = exp(-20) < 1e-4 ...
+    rollout[2][trained[2][1:101]] -= 0.2  # ... and +0.2 on 100 others: the sum of l is unchanged
+    rollout[3][trained[3][0]] -= 1.0  # rho = e > 2: truncated
+    train[3][trained[3][1]] -= 1.0
+    untrained = (masks[4] == 0).nonzero()[:, 0]
+    masks[4][untrained[0] if len(untrained) else 0] = 0.0
+    train[4][untrained[0] if len(untrained) else 0] -= 20.0  # below the veto, but not trained
+    half = len(masks[5]) // 2
+    masks[5][half:] = 0.0
+    rollout[5][:half] -= 0.0016  # trained mean +0.0016 > log 1.001; over every token ~+0.0008, inside
+    view.update(log_probs=train, rollout_log_probs=rollout, loss_masks=masks)
     args = bench_fused.make_args({"name": bench_fused.PRESET, "correction": {"preset": bench_fused.PRESET}})
     expected = bench_fused.tis_call(args, view)()[0].detach()
     pg_loss = torch.cat(view["log_probs"]).neg()
-    fused = bench_fused.fused_geo_rs_token_tis(*bench_fused.flat_inputs(view, pg_loss))
-    assert (expected - fused).abs().max() <= bench_fused.TOLERANCE
+    inputs = bench_fused.flat_inputs(view, pg_loss)
+    fused = bench_fused.fused_geo_rs_token_tis(*inputs)
+    assert bench_fused.difference(expected, fused) <= bench_fused.TOLERANCE
+    means = [float(((t - r) * m).sum() / m.sum()) for t, r, m in zip(train, rollout, masks)]
+    assert abs(means[2]) < math.log(1.001) and abs(means[3]) < math.log(1.001)  # the band alone would keep them
     per_seq = [part.abs().sum() for part in fused.split(view["response_lengths"])]
-    assert per_seq[0] == per_seq[1] == per_seq[2] == 0 and all(total > 0 for total in per_seq[3:])
+    assert per_seq[0] == per_seq[1] == per_seq[2] == per_seq[5] == 0 and all(per_seq[i] > 0 for i in (3, 4, 6, 7))
+    weights = fused.split(view["response_lengths"])[3] / pg_loss.split(view["response_lengths"])[3]
+    assert weights[trained[3][0]] == pytest.approx(2.0)  # truncated at is_high
 
 
 def test_a_fused_correction_that_differs_from_the_hook_is_not_timed(monkeypatch):

@@ -241,9 +241,9 @@ def test_band_c_is_clipped_and_a_configured_reference_wins(caplog):
     ctrl = BandController(ACRLSettings(enabled=True, calibration_rollouts=2, c_max=0.5))
     with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"):
         ctrl.load_state_dict({**saved, "c": 3.0})
+        fixed = BandController(ACRLSettings(enabled=True, reference=0.1))
+        fixed.load_state_dict(saved)
     assert ctrl.c == 0.5 and "saved c 3 is outside [c_min=0.05, c_max=0.5]" in caplog.text
-    fixed = BandController(ACRLSettings(enabled=True, reference=0.1))
-    fixed.load_state_dict(saved)
     assert fixed.reference == 0.1 and "reference changed from" in caplog.text
     with pytest.raises(StateError, match="acrl.observed: 3 rollouts observed without a reference"):
         BandController(BAND).load_state_dict({**saved, "reference": None, "observed": [0.1, 0.2, 0.3]})
