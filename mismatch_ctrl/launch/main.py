@@ -30,8 +30,8 @@ from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_ch
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
-from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, host_memory_bytes, import_problems,
-                        local_gpu_problems, path_problems, ray_problems, resume_point)
+from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, flag_problems, host_memory_bytes,
+                        import_problems, local_gpu_problems, path_problems, ray_problems, resume_point)
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -310,6 +310,10 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         report.note("import checks (slime, megatron, hooks, reward) run once the problems below are fixed")
     else:
         cluster += import_problems(s, IMPORT_TARGETS)
+        if not cluster:  # slime and Megatron import: their parsers read the flags after --
+            flag_errors, flag_warnings = flag_problems(s, user.extra, train_args(s, model, user.extra))
+            cluster += flag_errors
+            report.lines("warning", flag_warnings)
     host = host_memory_bytes()
     if host is not None and memory.host_per_node > host:
         report.warn(f"the run needs ~{memory.host_per_node / 1e9:.0f} GB of host RAM per node (pinned weights and CPU "

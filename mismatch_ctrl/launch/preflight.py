@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -214,6 +215,44 @@ def import_problems(s: Settings, targets: tuple[str, ...]) -> list[str]:
                       "image (SLIME_DIR, MEGATRON_DIR); mismatch_ctrl and recipes need REPO_ROOT and pip install -e "
                       "'.[recipe]' (docker/Dockerfile)")
     return failed
+
+
+def user_flags(extra: Sequence[str]) -> list[str]:
+    """The flags among the user's arguments after ``--`` (``--name`` or ``--name=value``, by name)."""
+    return [word.partition("=")[0] for word in extra if word.startswith("--") and len(word) > 2]
+
+
+def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for the user's flags after ``--``, as slime's own parsers read ``train_arguments`` with the
+    job's PYTHONPATH (:mod:`.flags`): a flag none of them knows (slime would drop it silently), an abbreviation one
+    of them completes (the launcher's checks read full names), arguments a parser rejects. Nothing to check, and no
+    process started, without flags after ``--``."""
+    flags = user_flags(extra)
+    if not flags:
+        return [], []
+    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.flags", json.dumps(flags), *train_arguments],
+                          capture_output=True, text=True, env=job_env(s))
+    lines = [line.removeprefix("flag-check: ") for line in done.stdout.splitlines() if line.startswith("flag-check: ")]
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        return [], [f"the flags after -- were not checked against slime's parsers: PYTHON={s['PYTHON']} failed: "
+                    f"{clip(tail, 300)}"]
+    errors, warnings = [], []
+    for line in lines:
+        words = line.split(" ")
+        if words[0] == "unknown":
+            errors.append(f"{words[1]} after -- is not a flag of slime, Megatron or SGLang: slime parses train.py's "
+                          "arguments with ignore_unknown_args and would drop it without a word; check its spelling")
+        elif words[0] == "abbreviation":
+            errors.append(f"{words[1]} after -- is an abbreviation that slime's parsers read as "
+                          f"{' '.join(words[2:])}: write the flag in full (the launcher's checks read full names)")
+        elif words[0] == "refused:":
+            errors.append("slime's parsers reject train.py's arguments, as they would when the job starts: "
+                          f"{line.removeprefix('refused: ')}")
+        else:
+            warnings.append(f"the flags after -- were not checked against slime's parsers: "
+                            f"{line.removeprefix('cannot check: ')}")
+    return errors, warnings
 
 
 def host_memory_bytes() -> float | None:

@@ -2,32 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-import pytest
-
-
-@functools.cache
-def _launcher_imports_math_verify() -> bool:
-    with tempfile.TemporaryDirectory() as home:  # the launcher's sandbox has a HOME of its own
-        found = subprocess.run([sys.executable, "-c", "import math_verify"], capture_output=True, cwd=home,
-                               env={"PATH": os.environ.get("PATH", ""), "HOME": home})
-    return found.returncode == 0
-
-
-def needs_the_recipe_imports() -> None:
-    """A launch that reaches the import checks imports the recipe's reward, which needs math-verify (``make`` and the
-    image install it; a bare python with torch may not have it). Asked of the launcher's python in the launcher's
-    environment, which inherits no PYTHONPATH: a package this process finds only through one (wheels unpacked for a
-    device machine), or only in a user site of this HOME, is not there for the launch."""
-    if not _launcher_imports_math_verify():
-        pytest.skip("the preflight imports the recipe's reward, and the launcher's python cannot import math_verify "
-                    "without PYTHONPATH: pip install -e '.[recipe]'")
+from launch_harness import needs_the_recipe_imports
 
 
 def errors_of(stderr: str) -> list[str]:
