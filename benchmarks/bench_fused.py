@@ -24,9 +24,6 @@ that nothing was timed, and exits 0.
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import math
 import sys
 from pathlib import Path
@@ -38,9 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not installed (the device machine's python3)
     sys.path.insert(0, str(ROOT))
 
-from bench_gpu import median_ms, on_gpu  # noqa: E402 (benchmarks/)
+from bench_gpu import median_ms, on_cuda, on_gpu, options  # noqa: E402 (benchmarks/)
 from bench_hooks import local_view, make_args, make_rollout, tis_call  # noqa: E402
-from mismatch_ctrl.lab.sweeps.options import positive_int  # noqa: E402
 from mismatch_ctrl.batch import LOG_RATIO_BOUND  # noqa: E402
 from mismatch_ctrl.presets import PRESETS  # noqa: E402
 
@@ -163,28 +159,14 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    summary, details = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(description=summary, epilog=details,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=positive_int, default=50, help="timed calls per variant (default 50)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, help="also write the device and the rows to this JSON file")
-    args = parser.parse_args()
-    if args.json is not None and not args.json.parent.is_dir():
-        parser.error(f"--json {args.json}: {args.json.parent} is not a directory")
+    args = options(__doc__, 50, "variant")
     if not torch.cuda.is_available():
         rows = [case(seqs, lo, hi, args.seed, "cpu")[0] for seqs, lo, hi in CASES]
         print("bench_fused: no CUDA GPU here: the fused correction equals the hook's on the CPU (max difference "
               f"{max(r['max_difference'] for r in rows):.2g}); nothing timed (run it on a GPU machine, e.g. "
               "`make gpu-check`)")
         return
-    logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
-    device = torch.cuda.get_device_name()
-    print(f"bench_fused  {device}  torch {torch.__version__} (CUDA {torch.version.cuda})")
-    rows = measure(args.repeats, args.seed)
-    print("\n".join(report(rows)))
-    if args.json:
-        args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+    on_cuda("bench_fused", lambda: measure(args.repeats, args.seed), report, args.json)
 
 
 if __name__ == "__main__":

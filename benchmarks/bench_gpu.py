@@ -133,27 +133,41 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    summary, details = __doc__.split("\n\n", 1)
+def options(doc: str, repeats: int, unit: str) -> argparse.Namespace:
+    """The GPU benchmarks' command line (``doc``: the script's docstring): ``--repeats`` timed calls per ``unit``,
+    ``--seed``, ``--json`` (its folder must exist)."""
+    summary, details = doc.split("\n\n", 1)
     parser = argparse.ArgumentParser(description=summary, epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=positive_int, default=20, help="timed calls per case (default 20)")
+    parser.add_argument("--repeats", type=positive_int, default=repeats,
+                        help=f"timed calls per {unit} (default {repeats})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the device and the rows to this JSON file")
     args = parser.parse_args()
     if args.json is not None and not args.json.parent.is_dir():
         parser.error(f"--json {args.json}: {args.json.parent} is not a directory")
+    return args
+
+
+def on_cuda(script: str, measure_rows: Callable[[], list[dict[str, Any]]], report_rows: Callable[..., list[str]],
+            json_path: Path | None) -> None:
+    """Quiet the package's log, name the device, measure, print the report, and write the rows to ``json_path``."""
+    logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
+    device = torch.cuda.get_device_name()
+    print(f"{script}  {device}  torch {torch.__version__} (CUDA {torch.version.cuda})")
+    rows = measure_rows()
+    print("\n".join(report_rows(rows)))
+    if json_path:
+        json_path.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+def main() -> None:
+    args = options(__doc__, 20, "case")
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA GPU here: host syncs and GPU time not measured (run it on a GPU machine, e.g. "
               "`make gpu-check`)")
         return
-    logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
-    device = torch.cuda.get_device_name()
-    print(f"bench_gpu  {device}  torch {torch.__version__} (CUDA {torch.version.cuda})")
-    rows = measure(args.repeats, args.seed)
-    print("\n".join(report(rows)))
-    if args.json:
-        args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+    on_cuda("bench_gpu", lambda: measure(args.repeats, args.seed), report, args.json)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def test_a_fused_correction_that_differs_from_the_hook_is_not_timed(monkeypatch)
         bench_fused.case(6, 20, 90, 0, "cpu")
 
 
-def test_bench_fused_times_every_variant(monkeypatch):
+def test_bench_fused_times_every_variant(monkeypatch, capsys, tmp_path):
     """The plumbing on the CPU: ``torch.compile`` and the CUDA graph stood in for by the eager function."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench_fused, "on_gpu", lambda view: view)
@@ -111,6 +111,12 @@ def test_bench_fused_times_every_variant(monkeypatch):
         assert all(row[f"{name}_ms"] > 0 for name in ("hook", "eager", "compiled", "graph", "pass"))
     lines = bench_fused.report(rows)
     assert len(lines) == 3 and lines[1].split()[:2] == ["6", f"{rows[0]['tokens']:,d}"]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    bench_gpu.on_cuda("bench_fused", lambda: rows, bench_fused.report, tmp_path / "fused.json")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("bench_fused  NVIDIA H200  torch ") and out[1:] == lines
+    assert json.loads((tmp_path / "fused.json").read_text()) == {"device": "NVIDIA H200", "torch": torch.__version__,
+                                                                 "rows": rows}
 
 
 @pytest.mark.parametrize("rates, chosen, verdict", [
