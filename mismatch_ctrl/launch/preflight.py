@@ -218,40 +218,53 @@ def import_problems(s: Settings, targets: tuple[str, ...]) -> list[str]:
 
 
 def user_flags(extra: Sequence[str]) -> list[str]:
-    """The flags among the user's arguments after ``--`` (``--name`` or ``--name=value``, by name)."""
-    return [word.partition("=")[0] for word in extra if word.startswith("--") and len(word) > 2]
+    """The flags among the user's arguments after ``--`` (``--name`` or ``--name=value``, by name; a word with a
+    space is a value, e.g. ``"--x y"`` for a JSON-ish flag)."""
+    return [word.partition("=")[0] for word in extra
+            if word.startswith("--") and len(word) > 2 and not any(c.isspace() for c in word.partition("=")[0])]
+
+
+FLAG_CHECK_SECONDS = 300
+"""The most the check of the flags after ``--`` may take (it imports slime and Megatron): past it, a warning."""
 
 
 def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[str]) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the user's flags after ``--``, as slime's own parsers read ``train_arguments`` with the
     job's PYTHONPATH (:mod:`.flags`): a flag none of them knows (slime would drop it silently), an abbreviation one
-    of them completes (the launcher's checks read full names), arguments a parser rejects. Nothing to check, and no
-    process started, without flags after ``--``."""
+    of them completes (the launcher's checks read full names), arguments slime's parsing rejects. Nothing to check,
+    and no process started, without flags after ``--``."""
     flags = user_flags(extra)
     if not flags:
         return [], []
-    done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.flags", json.dumps(flags), *train_arguments],
-                          capture_output=True, text=True, env=job_env(s))
-    lines = [line.removeprefix("flag-check: ") for line in done.stdout.splitlines() if line.startswith("flag-check: ")]
-    if done.returncode != 0:
+    where = f"slime at SLIME_DIR={s['SLIME_DIR']}"
+    try:
+        done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.flags", json.dumps(flags), *train_arguments],
+                              capture_output=True, text=True, env=job_env(s), timeout=FLAG_CHECK_SECONDS)
+    except subprocess.TimeoutExpired:
+        return [], [f"the flags after -- were not checked against the parsers of {where}: the check took over "
+                    f"{FLAG_CHECK_SECONDS} s"]
+    found = [line.removeprefix("flag-check: ") for line in done.stdout.splitlines() if line.startswith("flag-check: ")]
+    if done.returncode != 0 or not all(line.startswith("{") for line in found):
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-        return [], [f"the flags after -- were not checked against slime's parsers: PYTHON={s['PYTHON']} failed: "
-                    f"{clip(tail, 300)}"]
+        return [], [f"the flags after -- were not checked against the parsers of {where}: PYTHON={s['PYTHON']} "
+                    f"failed: {clip(tail, 300)}"]
     errors, warnings = [], []
-    for line in lines:
-        words = line.split(" ")
-        if words[0] == "unknown":
-            errors.append(f"{words[1]} after -- is not a flag of slime, Megatron or SGLang: slime parses train.py's "
-                          "arguments with ignore_unknown_args and would drop it without a word; check its spelling")
-        elif words[0] == "abbreviation":
-            errors.append(f"{words[1]} after -- is an abbreviation that slime's parsers read as "
-                          f"{' '.join(words[2:])}: write the flag in full (the launcher's checks read full names)")
-        elif words[0] == "refused:":
-            errors.append("slime's parsers reject train.py's arguments, as they would when the job starts: "
-                          f"{line.removeprefix('refused: ')}")
+    for item in map(json.loads, found):
+        kind = item.get("kind")
+        if kind == "unknown":
+            like = f" (did you mean {' or '.join(item['like'])}?)" if item.get("like") else ""
+            errors.append(f"{item['flag']} after -- is not a flag of {where}, Megatron or SGLang{like}: slime parses "
+                          "train.py's arguments with ignore_unknown_args and would drop it without a word")
+        elif kind == "abbreviation":
+            errors.append(f"{item['flag']} after -- is an abbreviation that a parser of slime's completes to "
+                          f"{' or '.join(item['full'])}: write the flag in full (the launcher's checks read full "
+                          "names, and only that parser would read it)")
+        elif kind == "refused":
+            errors.append(f"{where} rejects train.py's arguments (the launcher's and yours), as it would when the job "
+                          f"starts: {item['message']}")
         else:
-            warnings.append(f"the flags after -- were not checked against slime's parsers: "
-                            f"{line.removeprefix('cannot check: ')}")
+            warnings.append(f"the flags after -- were not checked against the parsers of {where}: "
+                            f"{item.get('error')}")
     return errors, warnings
 
 

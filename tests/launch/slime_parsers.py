@@ -1,8 +1,9 @@
 """Stand-ins for the three functions slime 624b824a parses ``train.py``'s arguments with, written to its documented
 contract (``mismatch_ctrl.launch.flags``): each builds an argparse parser and calls ``parse_known_args`` on
 ``sys.argv``; the pre-parser and Megatron's parser with ``allow_abbrev=False``, the SGLang parser (and its helper for
-the tensor-parallel default) with argparse's default abbreviations. Megatron's ``parse_args`` fails after it has
-parsed, as its validation can on a machine without GPUs. Few flags: enough to test the rules."""
+the tensor-parallel default, which divides by ``--sglang-pp-size``) with argparse's default abbreviations.
+Megatron's ``parse_args`` fails after it has parsed, as its validation can on a machine without GPUs. Few flags:
+enough to test the rules."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import argparse
 def _pre_parse_mode():
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--debug-rollout-only", action="store_true")
+    parser.add_argument("--debug-train-only", action="store_true")
+    parser.add_argument("--load-debug-rollout-data", default=None)
     return parser.parse_known_args()[0]
 
 
@@ -22,6 +25,7 @@ def get_slime_extra_args_provider(add_custom_arguments=None):
     def add_slime_arguments(parser):
         parser.add_argument("--rollout-max-response-len", type=int)
         parser.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
+        parser.add_argument("--rollout-num-gpus", type=int)
         parser.add_argument("--hf-checkpoint")
         return parser
     return add_slime_arguments
@@ -36,9 +40,12 @@ def sglang_parse_args():
     parser.add_argument("--sglang-context-length", type=int)
     parser.add_argument("--sglang-mem-fraction-static", type=float)
     parser.add_argument("--sglang-max-running-requests", type=int)
+    parser.add_argument("--sglang-json-model-override-args", default="{}")
     temp_parser = argparse.ArgumentParser(add_help=False)
     temp_parser.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
-    temp_parser.parse_known_args()
+    temp_parser.add_argument("--sglang-pp-size", type=int, default=1)
+    temp_args, _ = temp_parser.parse_known_args()
+    parser.set_defaults(sglang_tensor_parallel_size=temp_args.rollout_num_gpus_per_engine // temp_args.sglang_pp_size)
     return parser.parse_known_args()[0]
 '''
 
