@@ -56,8 +56,9 @@ class Refused(Exception):
 
 
 def _function(target: tuple[str, str]) -> Callable[..., Any]:
+    """``(module, name)`` imported, what the import prints dropped."""
     module, name = target
-    return getattr(importlib.import_module(module), name)
+    return getattr(_quietly(lambda: importlib.import_module(module)), name)
 
 
 def _quietly(call: Callable[[], Any]) -> Any:
@@ -89,12 +90,12 @@ def parsed(argv: Sequence[str]) -> tuple[list[tuple[argparse.ArgumentParser, lis
             seen.append((self, list(result[1])))
         return result
 
-    pre_parse, sglang, megatron = (_function(target) for target in (PRE_PARSE, SGLANG, MEGATRON))
-    provider = importlib.import_module("slime.utils.arguments").get_slime_extra_args_provider(None)
     saved_argv = sys.argv
-    sys.argv = ["train.py", *argv]
+    sys.argv = ["train.py", *argv]  # before the imports too: the job's modules see its command line
     argparse.ArgumentParser.parse_known_args = recording  # type: ignore[method-assign]
     try:
+        pre_parse, sglang, megatron = (_function(target) for target in (PRE_PARSE, SGLANG, MEGATRON))
+        provider = _function(("slime.utils.arguments", "get_slime_extra_args_provider"))(None)
         mode = _checked(pre_parse, seen)
         with_sglang = not (getattr(mode, "debug_train_only", False)
                            or getattr(mode, "load_debug_rollout_data", None) is not None)

@@ -237,19 +237,23 @@ def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[s
     if not flags:
         return [], []
     where = f"slime at SLIME_DIR={s['SLIME_DIR']}"
+    not_checked = f"the flags after -- were not checked against the parsers of {where}"
     try:
         done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.flags", json.dumps(flags), *train_arguments],
                               capture_output=True, text=True, env=job_env(s), timeout=FLAG_CHECK_SECONDS)
     except subprocess.TimeoutExpired:
-        return [], [f"the flags after -- were not checked against the parsers of {where}: the check took over "
-                    f"{FLAG_CHECK_SECONDS} s"]
-    found = [line.removeprefix("flag-check: ") for line in done.stdout.splitlines() if line.startswith("flag-check: ")]
-    if done.returncode != 0 or not all(line.startswith("{") for line in found):
+        return [], [f"{not_checked}: the check took over {FLAG_CHECK_SECONDS} s"]
+    try:
+        found = [json.loads(line.removeprefix("flag-check: ")) for line in done.stdout.splitlines()
+                 if line.startswith("flag-check: ")]
+        readable = all(isinstance(item, dict) for item in found)
+    except ValueError:
+        found, readable = [], False
+    if done.returncode != 0 or not readable:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-        return [], [f"the flags after -- were not checked against the parsers of {where}: PYTHON={s['PYTHON']} "
-                    f"failed: {clip(tail, 300)}"]
+        return [], [f"{not_checked}: PYTHON={s['PYTHON']} failed: {clip(tail, 300)}"]
     errors, warnings = [], []
-    for item in map(json.loads, found):
+    for item in found:
         kind = item.get("kind")
         if kind == "unknown":
             like = f" (did you mean {' or '.join(item['like'])}?)" if item.get("like") else ""
@@ -263,8 +267,7 @@ def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[s
             errors.append(f"{where} rejects train.py's arguments (the launcher's and yours), as it would when the job "
                           f"starts: {item['message']}")
         else:
-            warnings.append(f"the flags after -- were not checked against the parsers of {where}: "
-                            f"{item.get('error')}")
+            warnings.append(f"{not_checked}: {item.get('error')}")
     return errors, warnings
 
 
