@@ -31,7 +31,8 @@ from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
 from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, flag_problems, host_memory_bytes,
-                        import_problems, local_gpu_problems, path_problems, ray_problems, resume_point)
+                        import_problems, local_gpu_problems, path_problems, ray_problems, resume_point,
+                        user_flags)
 from .settings import Settings, setting_of_flag, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -136,8 +137,7 @@ def duplicate_flag_problems(s: Settings, model: MegatronModel, extra: Sequence[s
     last silently (and for some flags append), so they are refused, naming the variable that sets the flag."""
     own = {word for word in train_args(s, model, []) if word.startswith("--")}
     out = []
-    for word in extra:
-        flag = word.partition("=")[0]
+    for flag in user_flags(extra):
         if flag in own:
             variables = setting_of_flag(flag)
             via = f"set {' or '.join(variables)} instead" if variables else "the launcher sets it (see --dry-run)"

@@ -255,7 +255,8 @@ def usage(launcher: str, settings: Settings) -> str:
         "",
         f"Train {model} with method {method} on slime: SGLang rollouts on the FP8 checkpoint, Megatron {precision}",
         "training, colocated on the same GPUs, submitted with ray job submit. Arguments after -- are appended to "
-        "train.py's.",
+        "train.py's;",
+        "before submitting, slime's own parsers must read each of their flags as written (full names).",
         "",
         "modes:",
         "  (none)      check the configuration and the cluster (GPUs, Ray, imports, checkpoints, data), then submit "
