@@ -15,7 +15,8 @@
   tokens ("elementwise passes", informational: the unit depends on the machine's ``exp``), with glibc's malloc and
   with malloc keeping freed memory (as a caching allocator); and the TIS hook's statistics in one chunk and in 4 MB
   chunks, at 200k and 2M tokens; and the host work of one call on 512 tokens, where the arithmetic is negligible
-  (each op's dispatch and the hook's Python: the least a GPU call costs, on a host of that speed).
+  (each op's dispatch and the hook's Python: the least a GPU call costs, on a host of that speed), of both hooks and
+  of the TIS hook compiled (``torch_compile: true``; its first call compiles it, tens of seconds on a CPU).
 
 Hooks: the advantage hook with DC-GRPO (plus the surge detector and every mismatch metric) and the TIS hook with the
 ``geo_rs_token_tis`` preset (geometric rejection, veto, token TIS) and every metric. ``make bench`` prints the
@@ -285,6 +286,15 @@ def time_host_work(seed: int, repeats: int) -> None:
         ms, ops = wall_ms(calls[hook]), len(count_ops(calls[hook]).ops)
         print(f"  {hook:12s} {ms:6.2f} ms = {ms / op_ms:5.0f} tiny ops ({ops} aten ops dispatched); issue 22's GPU "
               f"target {target} ms: {'below' if ms <= target else f'{ms / target:.1f}x above'} on this host")
+    view = local_view(make_rollout(8, 0, 0, seed, tokens=512), list(range(8)))
+    compiled_tis = tis_call(make_args({**METHODS["tis"], "torch_compile": True}), view)
+    start = time.perf_counter()
+    compiled_tis()  # compiles the graph (inductor: C++ kernels on a CPU)
+    first = time.perf_counter() - start
+    ms = wall_ms(compiled_tis)
+    print(f"  {'tis compiled':12s} {ms:6.2f} ms = {ms / op_ms:5.0f} tiny ops (torch_compile: true; its first call, "
+          f"which compiled it: {first:.0f} s); the eager pre-stage (input check, layout) and one graph of fused "
+          "kernels")
 
 
 def verdict(ok: bool) -> str:

@@ -4,8 +4,9 @@ Steps, each bounded in time, in this order (a step that fails or runs out of tim
 
 1. the machine: GPU, memory, torch and CUDA versions, and whether megatron-core imports;
 2. the CUDA tests (``pytest -m cuda``): every hook configuration on CUDA against the CPU and its host
-   synchronisations counted by the CUDA runtime (tests/slime/test_slime_device.py), a few lab rollouts of every kind
-   of run on CUDA (tests/lab/test_lab_cuda.py);
+   synchronisations counted by the CUDA runtime (tests/slime/test_slime_device.py), the compiled TIS hook
+   (``torch_compile: true``) the same way (tests/slime/test_slime_compiled.py), a few lab rollouts of every kind of
+   run on CUDA (tests/lab/test_lab_cuda.py);
 3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets; then
    ``benchmarks/bench_fused.py``: the least a fused correction costs (eager, compiled, CUDA graph) next to the hook;
 4. lab throughput: rollouts per second of the demo's six runs at once (``grpo@none``, ``grpo``, ``grpo+r3``,
@@ -52,15 +53,17 @@ if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not ins
 from mismatch_ctrl.lab.sweeps.options import DEFAULT_METHODS, LAB_PRESETS, positive_int  # noqa: E402
 from mismatch_ctrl.lab.training.settings import AUTO_CUDA_MARGIN, auto_device  # noqa: E402
 
-CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/lab/test_lab_cuda.py"]
+CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/slime/test_slime_compiled.py", "tests/lab/test_lab_cuda.py"]
 BUDGET_S = 480
-SHARES = {"CUDA tests": 0.2, "hook benchmark": 0.1, "fused floor": 0.06, "moe on cuda": 0.12, "moe on cpu": 0.1,
+SHARES = {"CUDA tests": 0.2, "hook benchmark": 0.16, "fused floor": 0.06, "moe on cuda": 0.12, "moe on cpu": 0.1,
           "moe-large on cuda": 0.15, "moe-large on cpu": 0.12}
 """Each step's most of the budget (the ``moe-large`` runs on CUDA include the warm-up, cached for the later steps);
 the ``gpu-moe`` sweep gets what is left. On an H200 (2026-11-27, the demo's six runs at once in every lab step) the
 steps took 22, 5, 31, 24, 34 and 38 s and the sweep 42 s (``moe-large`` then ran at lr 1e-3 and collapsed; it
 runs at 1e-4 now); ``bench_fused.py`` took under 25 s on another H200, its compile included. Each share is at least
-1.4x that, and what a step leaves goes to the sweep."""
+1.4x that, and what a step leaves goes to the sweep. Not yet measured on a GPU: the compiled hook's first calls
+(``torch_compile: true``), one in the CUDA tests and one in the hook benchmark, each compiling its graph with
+Triton (tens of seconds expected); the CUDA tests' and the hook benchmark's shares leave room for them."""
 CPU_LARGE_STEPS = 3
 """Rollouts of each ``moe-large`` run on the CPU (one thread each): one is timed."""
 LAB_JOBS = len(DEFAULT_METHODS.split(","))

@@ -37,6 +37,9 @@ DROPPED_WARNING = ("mismatch_ctrl: trained tokens with a NaN/inf (or < -1e30) or
 
 BLOCK = 128
 """Block size of the segment reductions (see :class:`Segments`)."""
+LAYOUT = ("lengths", "first_block", "last_block", "block_counts", "block_index", "edge_sizes", "edge_index",
+          "edge_owner", "block_owner")
+"""The index arrays of a :class:`Segments` layout, in the order they are packed for the device."""
 
 
 class Segments:
@@ -52,7 +55,7 @@ class Segments:
     no device kernels for bookkeeping, no host synchronisation.
     """
 
-    __slots__ = ("sizes", "num_tokens", "device", "_host", "_cache")
+    __slots__ = ("sizes", "num_tokens", "device", "_host", "_cache", "_packed")
 
     def __init__(self, sizes: Sequence[int], device: torch.device | str | None = None) -> None:
         self.sizes = tuple(int(s) for s in sizes)
@@ -63,9 +66,27 @@ class Segments:
         self._host: dict[str, np.ndarray] | None = None
         self._cache: dict[str, torch.Tensor] = {}
 
+    @classmethod
+    def of_index(cls, packed: torch.Tensor, sizes: Sequence[int], num_tokens: int) -> Segments:
+        """The layout of another instance from its uploaded :meth:`index` (``packed`` arrays of ``sizes``), without
+        host ``sizes``: what a compiled region rebuilds from tensors. The numbers of sequences and tokens are then
+        sizes of tensors (symbolic in a trace, so one graph serves batches of every size); only the device methods
+        work (no :meth:`split`, no windows of :meth:`edge_index`)."""
+        segments = cls.__new__(cls)
+        segments.sizes, segments.num_tokens, segments._host = None, num_tokens, None
+        segments._cache = dict(zip(LAYOUT, torch.split(packed, list(sizes))))
+        segments.device = packed.device
+        return segments
+
+    def index(self) -> tuple[torch.Tensor, list[int]]:
+        """The layout arrays (:data:`LAYOUT`) on the device, packed in one tensor, and their sizes (uploaded on
+        first use)."""
+        self._index("lengths")
+        return self._packed, [self._cache[name].numel() for name in LAYOUT]
+
     @property
     def num_seqs(self) -> int:
-        return len(self.sizes)
+        return len(self.sizes) if self.sizes is not None else self._cache["lengths"].shape[0]
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -102,8 +123,9 @@ class Segments:
         """The layout array ``name`` on the device; the first call uploads all of them in one transfer."""
         if not self._cache:
             layout = self._layout()
-            packed = host.to_device(np.concatenate(list(layout.values())), self.device)
-            self._cache = dict(zip(layout, torch.split(packed, [a.size for a in layout.values()])))
+            arrays = [layout[name] for name in LAYOUT]
+            self._packed = host.to_device(np.concatenate(arrays), self.device)
+            self._cache = dict(zip(LAYOUT, torch.split(self._packed, [a.size for a in arrays])))
         return self._cache[name]
 
     @staticmethod
@@ -111,7 +133,7 @@ class Segments:
         """``[K, W, BLOCK]`` view of the whole blocks of ``[K, width]`` rows: all T tokens, or a window of them that
         starts at a multiple of ``BLOCK`` (whose blocks are then the flat tensor's own)."""
         whole = rows.shape[1] // BLOCK
-        return rows[:, :whole * BLOCK].view(rows.shape[0], whole, BLOCK)
+        return rows.narrow(1, 0, whole * BLOCK).view(rows.shape[0], whole, BLOCK)
 
     def sum_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Per-sequence sums ``[N, K]`` (float64) of the K rows of ``[K, T]``; empty sequences sum to 0.
@@ -170,8 +192,9 @@ class Segments:
         indexed copy of every token costs several elementwise passes on a CPU)."""
         rows = per_seq.new_empty(math.prod(per_seq.shape[:-1]), self.num_tokens)
         values = per_seq.reshape(rows.shape[0], self.num_seqs)
-        whole = self.blocks(rows)
-        whole.copy_(values.index_select(1, self._index("block_owner")).unsqueeze(2).expand_as(whole))
+        owner = values.index_select(1, self._index("block_owner"))
+        whole = rows.narrow(1, 0, owner.shape[1] * BLOCK).view(*owner.shape, BLOCK)  # blocks(rows), sized by the index
+        whole.copy_(owner.unsqueeze(2).expand_as(whole))
         rows.index_copy_(1, self._index("edge_index"), values.index_select(1, self._index("edge_owner")))
         return rows.view(*per_seq.shape[:-1], self.num_tokens)
 

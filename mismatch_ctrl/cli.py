@@ -54,6 +54,8 @@ def _check_config(ns: argparse.Namespace) -> int:
             preset = f" (preset {config.correction_preset!r})" if config.correction_preset != "none" else ""
             print(f"correction{preset}:\n" +
                   "\n".join(f"  {line}" for line in config.correction.explain()))
+        if config.torch_compile:
+            print("torch_compile: true (the TIS hook's device work runs as one compiled graph; docs/performance.md)")
     return 0
 
 

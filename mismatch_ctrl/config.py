@@ -55,6 +55,7 @@ class Config:
     name: str = "custom"
     architecture: Architecture | None = None
     nonfinite: NonFinitePolicy = "mask"
+    torch_compile: bool = False
     dcgrpo: DCGRPOSettings = field(default_factory=DCGRPOSettings)
     correction_preset: str = "none"
     correction: CorrectionSpec = field(default_factory=CorrectionSpec)
@@ -74,7 +75,7 @@ class Config:
 
 SECTIONS: dict[str, type] = {"dcgrpo": DCGRPOSettings, "lr_decay": LengthDecaySettings, "acrl": ACRLSettings,
                              "state": StateSettings}
-TOP_LEVEL_KEYS = ("name", "architecture", "nonfinite", "correction", *SECTIONS)
+TOP_LEVEL_KEYS = ("name", "architecture", "nonfinite", "torch_compile", "correction", *SECTIONS)
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -203,7 +204,7 @@ def build_config(section: Mapping[str, Any] | None, *, architecture: str | None 
     if arch is not None:
         section = merge_sections(arch_defaults(arch), section)
     values: dict[str, Any] = {"architecture": arch}
-    for key, tp in (("name", str), ("nonfinite", NonFinitePolicy)):
+    for key, tp in (("name", str), ("nonfinite", NonFinitePolicy), ("torch_compile", bool)):
         if section.get(key) is not None:
             values[key] = _coerce(tp, section[key], f"{ROOT_KEY}.{key}")
     if not values.get("name", "custom").strip():
@@ -267,6 +268,10 @@ def _check_combination(config: Config) -> None:
     if config.acrl.enabled and config.correction.is_level is not None:
         raise ConfigError(f"{ROOT_KEY}.acrl.enabled: ACRL sets the token IS weights itself; drop the IS stage of "
                           f"correction (preset {config.correction_preset!r}) or disable acrl")
+    if config.acrl.enabled and config.torch_compile:
+        raise ConfigError(f"{ROOT_KEY}.torch_compile: ACRL moves its IS band every rollout, and the compiled TIS hook "
+                          "holds the band as constants, so every rollout would compile anew; set torch_compile: false "
+                          "or disable acrl")
 
 
 EPS_AUTO_FACTOR_WARN = 10.0

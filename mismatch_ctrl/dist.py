@@ -35,25 +35,48 @@ def local_gather(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.unsqueeze(0)
 
 
-def group_gather(group_fn: Callable[[], object]) -> Gather:
+class GroupGather:
     """An all-gather over the ``torch.distributed`` group returned by ``group_fn()`` at call time, on the group's
     device (CUDA for NCCL, else the CPU); the result comes back on the input's device.
 
-    The group is looked up on every call because slime destroys and recreates process groups around offload.
-    """
-    import torch.distributed as dist
+    The group is looked up on every call because slime destroys and recreates process groups around offload;
+    :meth:`traceable` fixes the current one for a compiled region."""
 
-    def gather(tensor: torch.Tensor) -> torch.Tensor:
-        group = group_fn()
-        size = dist.get_world_size(group)
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
-            torch.device("cpu")
+    def __init__(self, group_fn: Callable[[], object]) -> None:
+        self.group_fn = group_fn
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        group = self.group_fn()
+        size, device = self._where(group)
         flat = tensor.detach().reshape(-1).to(device)
         out = flat.new_empty(size * flat.numel())
         dist.all_gather_into_tensor(out, flat, group=group)
         return out.view(size, *tensor.shape).to(tensor.device)
 
-    return gather
+    def traceable(self) -> Gather:
+        """The same gather over the current group as a functional collective, which ``torch.compile`` records in
+        its graph (a ``torch.distributed`` call would end the graph)."""
+        import torch.distributed._functional_collectives as funcol
+
+        group = self.group_fn()
+        size, device = self._where(group)
+
+        def gather(tensor: torch.Tensor) -> torch.Tensor:
+            flat = tensor.detach().reshape(-1).to(device)
+            return funcol.all_gather_single(flat, 0, group).view(size, *tensor.shape).to(tensor.device)
+
+        return gather
+
+    @staticmethod
+    def _where(group: object) -> tuple[int, torch.device]:
+        """The group's size and the device its backend gathers on."""
+        import torch.distributed as dist
+
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
+            torch.device("cpu")
+        return dist.get_world_size(group), device
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,11 @@ class Reducers:
     def sharded(self) -> bool:
         """Whether sequences are split over context-parallel ranks (else the per-sequence table is already complete)."""
         return self.seq is not local_gather
+
+    def traceable(self) -> Reducers:
+        """These reducers over the current groups, as gathers a compiled region records (see
+        :meth:`GroupGather.traceable`)."""
+        return Reducers(*(g.traceable() if isinstance(g, GroupGather) else g for g in (self.seq, self.batch)))
 
 
 LOCAL = Reducers()

@@ -25,7 +25,6 @@ the tokens go in cache-sized chunks (:data:`CHUNK_BYTES`, :data:`CHUNKED_DEVICES
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
@@ -44,6 +43,7 @@ class Tokens:
                  rollout: torch.Tensor) -> None:
         self.mask, self.log_ratio, self.train, self.rollout = mask, log_ratio, train, rollout
         self.rows: dict[str, torch.Tensor] = {}
+        self._shared: dict[str, torch.Tensor] = {}
 
     @classmethod
     def of(cls, batch: TokenBatch, start: int, stop: int) -> Tokens:
@@ -53,18 +53,23 @@ class Tokens:
             tensors = tuple(t[start:stop] for t in tensors)
         return cls(*tensors)
 
-    @cached_property
+    def _once(self, name: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if name not in self._shared:
+            self._shared[name] = compute()
+        return self._shared[name]
+
+    @property
     def expm1(self) -> torch.Tensor:
         """``exp(l) - 1`` (accurate for small ``l``)."""
-        return torch.expm1(self.log_ratio)
+        return self._once("expm1", lambda: torch.expm1(self.log_ratio))
 
-    @cached_property
+    @property
     def p_train(self) -> torch.Tensor:
-        return torch.exp(self.train)
+        return self._once("p_train", lambda: torch.exp(self.train))
 
-    @cached_property
+    @property
     def p_roll(self) -> torch.Tensor:
-        return torch.exp(self.rollout)
+        return self._once("p_roll", lambda: torch.exp(self.rollout))
 
 
 Writer = Callable[[Tokens, torch.Tensor], None]
@@ -114,8 +119,9 @@ operations stays independent of the tokens."""
 
 def default_chunk_tokens(device: torch.device, total: int, rows: int, element_size: int) -> int:
     """Tokens per chunk of a ``rows x total`` buffer: on :data:`CHUNKED_DEVICES` the fewest chunks within
-    :data:`CHUNK_BYTES`, of about equal size; elsewhere one chunk of all ``total`` tokens."""
-    if device.type not in CHUNKED_DEVICES:
+    :data:`CHUNK_BYTES`, of about equal size; elsewhere, and in a compiled region (whose compiler fuses the columns'
+    writes into their reductions), one chunk of all ``total`` tokens."""
+    if device.type not in CHUNKED_DEVICES or torch.compiler.is_compiling():
         return max(total, 1)
     most = max(CHUNK_BYTES // (rows * element_size) // BLOCK, 1) * BLOCK
     return -(-total // -(-total // most)) if total > most else most
@@ -143,6 +149,7 @@ class SeqStats:
         """``max(counts, 1)``: the denominator of a per-sequence token mean."""
         self.valid = (self.counts > 0).double()
         """1.0 for sequences with trained tokens, else 0.0."""
+        self._means: torch.Tensor | None = None
 
     @classmethod
     def build(cls, batch: TokenBatch, columns: Columns, reducers: Reducers = LOCAL,
@@ -170,7 +177,7 @@ class SeqStats:
         others = [name for name in order if name not in kept]
         full = batch.mask.new_empty(len(kept), total)
         buffer = batch.mask.new_empty(len(others), chunk_tokens)
-        rows = dict(zip(kept, full.unbind(0)))
+        rows = dict(zip(kept, writable_rows(full)))
         stacks = []  # per buffer: its summed and its maximum columns, each a contiguous range of its rows
         for names in (kept, others):
             summed, maxed = [n for n in names if n in sums], [n for n in names if n in maxima]
@@ -179,8 +186,9 @@ class SeqStats:
         # Per chunk only dense block reductions and the edge tokens' values; per sequence once, after the chunks.
         pieces: dict[str, list[list[torch.Tensor]]] = {kind: [[], []] for kind in ("sum", "sum_edges", "max",
                                                                                   "max_edges")}
-        for start in range(0, max(total, 1), chunk_tokens):
-            stop = min(start + chunk_tokens, total)
+        # One chunk (also of an empty batch) reads no bound: in a compiled region ``total`` stays symbolic.
+        for start in (0,) if single else range(0, total, chunk_tokens):
+            stop = total if single else min(start + chunk_tokens, total)
             tokens = Tokens.of(batch, start, stop)
             if single:
                 tokens.rows, chunk_stacks, edges = rows, (full,), segments.edge_index()
@@ -225,10 +233,12 @@ class SeqStats:
         """The per-sequence sum ``[N]`` of column ``name``."""
         return self.table[:, self.index[name]]
 
-    @cached_property
+    @property
     def means(self) -> torch.Tensor:
         """The per-sequence token means ``[N, S]`` of every sum column (one op for all)."""
-        return self.table[:, :len(self.index)] / self.denom.unsqueeze(1)
+        if self._means is None:
+            self._means = self.table[:, :len(self.index)] / self.denom.unsqueeze(1)
+        return self._means
 
     def mean(self, name: str) -> torch.Tensor:
         """The per-sequence token mean ``[N]`` of column ``name`` (``sum / max(count, 1)``)."""
@@ -246,7 +256,14 @@ class SeqStats:
         """Per-sequence rows ``[N]`` broadcast to this shard's tokens, as ``[T]`` tensors of ``dtype``."""
         if not rows:
             return []
-        return list(self.segments.expand(torch.stack(list(rows)).to(dtype)).unbind(0))
+        return writable_rows(self.segments.expand(torch.stack(list(rows)).to(dtype)))
+
+
+def writable_rows(t: torch.Tensor) -> list[torch.Tensor]:
+    """The rows of ``t`` as views its consumers may write in place: ``unbind``, or in a compiled region one ``select``
+    each (under torch 2.13's compiler, an ``unbind`` view written in place fixes the row length, so every batch size
+    would compile anew)."""
+    return [t[k] for k in range(t.shape[0])] if torch.compiler.is_compiling() else list(t.unbind(0))
 
 
 def _cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:

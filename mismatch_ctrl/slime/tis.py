@@ -21,6 +21,11 @@ function calls this hook once per micro-batch on the last stage (``loss.py:1050-
 backward pass under ``--recompute-loss-function`` (``loss.py:1339-1340``), alike on every rank. The batch the values
 are global over is therefore one micro-batch slot: the k-th micro-batch of every DP rank.
 
+With ``torch_compile: true`` the device work between the input check and the weighting of ``pg_loss``
+(:func:`correction`: the table, the metrics, the correction, both gathers) runs as one compiled graph
+(:mod:`mismatch_ctrl.compiled`), unless the guard dropped tokens or ``pg_loss`` is NaN/inf somewhere: those rare calls
+run it eager.
+
 Token form of the metrics (see :mod:`mismatch_ctrl.metrics`), as slime reads them after its per-sample and per-batch
 averaging: a mean metric reads as its batch mean over the micro-batch slot's samples; a batch value (``*_max``,
 ``*_min``, ``is_ess*``, ``chi2_*``) as that value times the fraction of samples with trained tokens, averaged over the
@@ -34,8 +39,10 @@ from typing import Any, Sequence
 import torch
 
 from .. import host
-from ..batch import flat_cat
-from ..correction import CorrectionPlan, correction_columns
+from ..batch import Segments, TokenBatch, flat_cat
+from ..compiled import compiled
+from ..correction import CorrectionPlan, CorrectionSpec, correction_columns
+from ..dist import Reducers
 from ..errors import InputError
 from ..metrics import METRIC_COLUMNS, TOKEN_COLUMNS, broadcast_means, mismatch_metrics, token_shaped
 from ..seqstats import Columns, SeqStats, reduce_batch
@@ -73,38 +80,77 @@ def rollout_correction(
                          device=pg_loss.device)
     count, everywhere = batch.watched  # tokens with a NaN/inf pg_loss: trained ones, all
     spec = runtime.controllers.correction()
+    dropped = None
+    if runtime.config.torch_compile and batch.num_seqs and not batch.dropped and not everywhere:
+        weights, keep, stacked, names = _compiled_correction(
+            batch.train_log_probs, batch.rollout_log_probs, batch.mask, batch.log_ratio, batch.nonfinite,
+            batch.impossible, *batch.segments.index(), nonfinite_loss, pg_loss.dtype, spec, topo.reducers.traceable())
+        metrics = dict(zip(names, stacked.unbind(0)))
+    else:
+        if batch.dropped:  # this shard's guard dropped tokens: rare, so the extra work is no concern
+            dropped = (flat_cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
+        weights, keep, metrics = correction(batch, spec, topo.reducers, nonfinite_loss, pg_loss.dtype, dropped)
+    if weights is not None:
+        pg_loss = (pg_loss * weights.to(pg_loss.dtype)).masked_fill_(keep == 0, 0.0)  # rejected: 0, even where NaN
+    elif dropped is not None or everywhere > count:  # NaN at an untrained token: NaN x 0 in slime's loss
+        pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
+    masks = layout.full_masks(loss_masks, keep) if spec.active or dropped is not None else list(loss_masks)
+    if count and (spec.active or dropped is not None):
+        (count,) = host.fetch(metrics[NONFINITE_PG_LOSS].sum(dtype=torch.float64))
+    if count:
+        runtime.warn_once("nonfinite_pg_loss", f"mismatch_ctrl: pg_loss is NaN/inf at {int(count)} trained token(s) "
+                                               "of this micro-batch (finite log-probs of both engines there): "
+                                               "slime's loss and gradients will be NaN; counted in "
+                                               f"train/{NONFINITE_PG_LOSS} (check the learning rate and the "
+                                               "policy's logits)")
+    return pg_loss, masks, metrics
+
+
+NONFINITE_PG_LOSS = METRIC_PREFIX + "nonfinite_pg_loss_fraction"
+
+
+def correction(batch: TokenBatch, spec: CorrectionSpec, reducers: Reducers, nonfinite_loss: torch.Tensor,
+               loss_dtype: torch.dtype, dropped: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
+    """The device work of one call, without a host transfer and outside autograd: the statistics table, the metrics,
+    the correction (``spec``, if active) and its batch values (two gathers, ``reducers``). Returns the token weights
+    (None without a correction), the loss mask without the rejected tokens, and the token-shaped metrics by slime
+    name, in the dtype of a ``loss_dtype`` loss.
+
+    ``nonfinite_loss`` marks the tokens whose ``pg_loss`` is NaN/inf; ``dropped`` (see
+    :func:`~mismatch_ctrl.metrics.token_shaped`) the trained tokens the guard dropped."""
     columns = METRIC_COLUMNS | TOKEN_COLUMNS | (correction_columns(spec) if spec.active else Columns())
-    stats = SeqStats.build(batch, columns, topo.reducers)
+    stats = SeqStats.build(batch, columns, reducers)
     metrics = mismatch_metrics(stats)
     plan = CorrectionPlan(spec, stats) if spec.active else None
-    reduce_batch(topo.reducers.batch, metrics, plan)
-    dropped = None
-    if batch.dropped:  # this shard's guard dropped tokens: rare, so the extra work is no concern
-        dropped = (flat_cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
+    reduce_batch(reducers.batch, metrics, plan)
     parts = [metrics, plan.metrics] if plan is not None else [metrics]
     rows = plan.sequence_rows() if plan is not None else []
     broadcast = broadcast_means(parts, dropped)
     dtype = batch.mask.dtype
     tokens = stats.at_tokens([*rows, *(v for _, v in broadcast)], dtype)
-    keep = batch.mask
+    weights, keep = None, batch.mask
     if plan is not None:
-        correction = plan.finish(tokens[:len(rows)], token_outputs=True)
-        keep = correction.mask  # rejected tokens: weight 0, and 0 loss even where pg_loss is NaN
-        pg_loss = (pg_loss * correction.weights.to(pg_loss.dtype)).masked_fill_(keep == 0, 0.0)
-    elif dropped is not None or everywhere > count:  # NaN at an untrained token: NaN x 0 in slime's loss
-        pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
-    masks = layout.full_masks(loss_masks, keep) if plan is not None or dropped is not None else list(loss_masks)
+        weighted = plan.finish(tokens[:len(rows)], token_outputs=True)
+        weights, keep = weighted.weights, weighted.mask
     token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
-    nonfinite_loss.logical_and_(keep > 0)
-    if count and (plan is not None or dropped is not None):
-        (count,) = host.fetch(nonfinite_loss.sum())
-    if count:
-        runtime.warn_once("nonfinite_pg_loss", f"mismatch_ctrl: pg_loss is NaN/inf at {int(count)} trained token(s) "
-                                               "of this micro-batch (finite log-probs of both engines there): "
-                                               "slime's loss and gradients will be NaN; counted in "
-                                               "train/mismatch_ctrl/nonfinite_pg_loss_fraction (check the learning "
-                                               "rate and the policy's logits)")
-    token_metrics["nonfinite_pg_loss_fraction"] = nonfinite_loss.to(dtype)
+    token_metrics["nonfinite_pg_loss_fraction"] = nonfinite_loss.logical_and(keep > 0).to(dtype)
     # In pg_loss's dtype, except float16: its range (65504) would turn a weight or k3 of exp(20) into inf.
-    out = torch.float32 if pg_loss.dtype == torch.float16 else pg_loss.dtype
-    return pg_loss, masks, {METRIC_PREFIX + name: value.to(out) for name, value in token_metrics.items()}
+    out = torch.float32 if loss_dtype == torch.float16 else loss_dtype
+    return weights, keep, {METRIC_PREFIX + name: value.to(out) for name, value in token_metrics.items()}
+
+
+@compiled
+def _compiled_correction(train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, log_ratio: torch.Tensor,
+                         nonfinite: torch.Tensor, impossible: torch.Tensor, index: torch.Tensor,
+                         index_sizes: list[int], nonfinite_loss: torch.Tensor, loss_dtype: torch.dtype,
+                         spec: CorrectionSpec, reducers: Reducers
+                         ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, tuple[str, ...]]:
+    """:func:`correction` of a checked batch without dropped tokens or NaN/inf ``pg_loss``, from its tensors and its
+    uploaded layout (:meth:`~mismatch_ctrl.batch.Segments.index`), as one compiled graph (``torch_compile: true``;
+    :mod:`mismatch_ctrl.compiled`); the metrics stacked in one ``[M, T]`` tensor, with their names (a graph's every
+    output costs host work on each call)."""
+    segments = Segments.of_index(index, index_sizes, mask.shape[0])
+    batch = TokenBatch(segments, train, rollout, mask, log_ratio, nonfinite, impossible)
+    weights, keep, metrics = correction(batch, spec, reducers, nonfinite_loss, loss_dtype)
+    return weights, keep, torch.stack(list(metrics.values())), tuple(metrics)

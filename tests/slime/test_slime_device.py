@@ -65,18 +65,18 @@ def moved(value: Any, device: str) -> Any:
     """``value`` with every tensor (in lists and dicts too) on ``device``."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
-    if isinstance(value, list):
-        return [moved(v, device) for v in value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(moved(v, device) for v in value)
     if isinstance(value, dict):
         return {k: moved(v, device) for k, v in value.items()}
     return value
 
 
-def run_hooks(name: str, device: str, groups: int, count: Syncs, view: View = FULL) -> dict[str, Any]:
-    """``ROLLOUTS`` rollouts of method ``name`` as rank ``view`` sees them: the advantage hook on the rollout, then the
-    TIS hook on each of its two micro-batches; every output on the CPU, and the host synchronisations of each
-    call."""
-    args = make_args(method(name))
+def run_hooks(name: str | dict[str, Any], device: str, groups: int, count: Syncs, view: View = FULL) -> dict[str, Any]:
+    """``ROLLOUTS`` rollouts of method ``name`` (a file under ``configs/methods/``, or a ``mismatch_ctrl`` section) as
+    rank ``view`` sees them: the advantage hook on the rollout, then the TIS hook on each of its two micro-batches;
+    every output on the CPU, and the host synchronisations of each call."""
+    args = make_args(method(name) if isinstance(name, str) else name)
     out: dict[str, list[Any]] = {key: [] for key in ("advantages", "rollout_metrics", "pg_loss", "masks",
                                                      "train_metrics", "advantage_syncs", "tis_syncs", "sites")}
     for r in range(ROLLOUTS):

@@ -115,3 +115,15 @@ def test_an_unknown_option_is_named_with_its_commands_usage(argv, command, capsy
     assert exit_info.value.code == 2
     assert err.startswith(f"usage: mismatch-ctrl {command} ") and f"mismatch-ctrl {command}: error: unrecognized " \
         "arguments: --bogus" in err
+
+
+def test_torch_compile_is_reported_and_its_acrl_combination_refused(tmp_path, capsys):
+    path = tmp_path / "compiled.yaml"
+    path.write_text("mismatch_ctrl:\n  name: geo\n  torch_compile: true\n  correction:\n    preset: geo_mis\n")
+    assert main(["check-config", str(path), "--arch", "moe"]) == 0
+    assert "torch_compile: true" in capsys.readouterr().out
+    assert main(["check-config", str(METHODS / "geo_mis.yaml"), "--arch", "moe"]) == 0
+    assert "torch_compile" not in capsys.readouterr().out
+    path.write_text("mismatch_ctrl:\n  name: acrl\n  torch_compile: true\n  acrl:\n    enabled: true\n")
+    assert main(["check-config", str(path), "--arch", "moe"]) == 2
+    assert "mismatch_ctrl.torch_compile: ACRL moves its IS band" in capsys.readouterr().err
