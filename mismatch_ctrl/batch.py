@@ -58,13 +58,14 @@ class Segments:
     __slots__ = ("sizes", "num_tokens", "device", "_host", "_cache", "_packed")
 
     def __init__(self, sizes: Sequence[int], device: torch.device | str | None = None) -> None:
-        self.sizes = tuple(int(s) for s in sizes)
+        self.sizes: tuple[int, ...] | None = tuple(int(s) for s in sizes)
         if any(s < 0 for s in self.sizes):
             raise InputError(f"sequence lengths must be >= 0, got {min(self.sizes)}")
         self.num_tokens = sum(self.sizes)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._host: dict[str, np.ndarray] | None = None
         self._cache: dict[str, torch.Tensor] = {}
+        self._packed: torch.Tensor | None = None
 
     @classmethod
     def of_index(cls, packed: torch.Tensor, sizes: Sequence[int], num_tokens: int) -> Segments:
@@ -73,7 +74,7 @@ class Segments:
         sizes of tensors (symbolic in a trace, so one graph serves batches of every size); only the device methods
         work (no :meth:`split`, no windows of :meth:`edge_index`)."""
         segments = cls.__new__(cls)
-        segments.sizes, segments.num_tokens, segments._host = None, num_tokens, None
+        segments.sizes, segments.num_tokens, segments._host, segments._packed = None, num_tokens, None, packed
         segments._cache = dict(zip(LAYOUT, torch.split(packed, list(sizes))))
         segments.device = packed.device
         return segments

@@ -9,15 +9,17 @@ host launches a few fused kernels instead. A function compiled here
 - takes tensors whose sizes are symbolic (``dynamic=True``), so a graph serves a whole class of sizes the compiler
   tells apart (one sequence, fewer than two whole blocks, ...): a few graphs serve micro-batches of every size;
 - compiles on its first call of each class (tens of seconds) and again when a setting it reads changes;
-- falls back to eager, with one warning, where compiling fails (e.g. no C++ compiler for the CPU, no Triton for the
-  GPU), and runs eager while a torch function or dispatch mode intercepts ops (such as
-  :class:`~mismatch_ctrl.hostguard.HostGuard`): the results are the same, only the host work differs.
+- tells its caller to run the eager code (returns None), with one warning, where compiling fails (e.g. no C++
+  compiler for the CPU, no Triton for the GPU, past the recompile limit) and while a torch function or dispatch mode
+  intercepts ops (such as :class:`~mismatch_ctrl.hostguard.HostGuard`): the results are the same, only the host work
+  differs. The caller's eager code, not the traced function, runs then: its gathers are ``torch.distributed`` calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -25,7 +27,7 @@ import torch
 
 log = logging.getLogger("mismatch_ctrl")
 
-F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 BACKEND = "inductor"
 """The ``torch.compile`` backend (tests use ``aot_eager``, which traces the same graph without generating code)."""
@@ -33,30 +35,35 @@ BACKEND = "inductor"
 _failed: set[str] = set()
 """Qualified names of the functions whose compilation failed (run eager from then on)."""
 _under_modes: set[str] = set()
-"""Qualified names of the functions that ran eager under a mode (said once)."""
+"""Qualified names of the functions that could not run compiled under a mode (said once)."""
 
 
-def compiled(fn: F) -> F:
-    """``fn`` compiled on first use (with :data:`BACKEND` at that time), else ``fn`` itself after a failure."""
-    graphs: dict[str, Callable[..., Any]] = {}
+def compiled(fn: Callable[..., T]) -> Callable[..., T | None]:
+    """``fn`` compiled on first use (with :data:`BACKEND` at that time): its result, or None where it cannot run
+    compiled (its compile failed, now or before, or a torch function or dispatch mode intercepts ops), and the
+    caller runs its eager code instead. The failed compile or the mode is said once, as a warning."""
+    graphs: dict[object, Callable[..., T]] = {}
     name = f"{fn.__module__}.{fn.__qualname__}"
 
     @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> T | None:
         if name in _failed:
-            return fn(*args, **kwargs)
+            return None
         if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
-            if name not in _under_modes:  # a mode intercepting ops (a test's HostGuard, an op counter)
+            if name not in _under_modes:  # a mode intercepting ops: a profiler's, an op counter, a test's HostGuard
                 _under_modes.add(name)
-                log.info("mismatch_ctrl: %s runs eager while a torch function or dispatch mode is active", name)
-            return fn(*args, **kwargs)
-        if BACKEND not in graphs:
-            graphs[BACKEND] = torch.compile(fn, backend=BACKEND, dynamic=True, fullgraph=True)
+                log.warning("mismatch_ctrl: %s runs eager while a torch function or dispatch mode is active "
+                            "(torch_compile: true has no effect under it)", name)
+            return None
         try:
+            if BACKEND not in graphs:
+                torch._dynamo.eval_frame.check_if_dynamo_supported()  # e.g. a Python torch.compile does not support
+                graphs[BACKEND] = torch.compile(fn, backend=BACKEND, dynamic=True, fullgraph=True)
             with _settings():
                 return graphs[BACKEND](*args, **kwargs)
-        except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
-            # tracing, code generation or the recompile limit: not the inputs
+        except Exception as exc:
+            if BACKEND in graphs and not _from_the_compiler(exc):
+                raise  # from the inputs or the kernels' run
             _failed.add(name)
             cause: BaseException = exc  # the backend's own error, under dynamo's wrappers
             while (inner := getattr(cause, "inner_exception", None) or cause.__cause__) is not None:
@@ -64,9 +71,17 @@ def compiled(fn: F) -> F:
             log.warning("mismatch_ctrl: torch.compile of %s failed, so it runs eager from now on (same results, "
                         "more host work; set torch_compile: false to silence this): %s: %s", name,
                         type(cause).__name__, (str(cause).strip().splitlines() or [""])[0])
-            return fn(*args, **kwargs)
+            return None
 
-    return call  # type: ignore[return-value]
+    return call
+
+
+def _from_the_compiler(exc: Exception) -> bool:
+    """Whether the compiler raised ``exc`` (tracing, code generation, the recompile limit), not the inputs or the
+    kernels' run (dynamo is imported here, not with the package: it takes a second)."""
+    from torch._dynamo import exc as errors
+
+    return isinstance(exc, (errors.TorchDynamoException, errors.FailOnRecompileLimitHit))
 
 
 SETTINGS = (("torch.fx.experimental._config", "use_duck_shape", False),
@@ -86,9 +101,7 @@ SETTINGS = (("torch.fx.experimental._config", "use_duck_shape", False),
 @contextlib.contextmanager
 def _settings() -> Iterator[None]:
     """:data:`SETTINGS` in force inside the block, where this torch has them (set and restored by hand: ``patch``
-    costs ~0.2 ms a call)."""
-    import importlib
-
+    costs ~0.2 ms a call). Process-wide while in force: a hook call is the only compiling code in its thread."""
     saved = []
     try:
         for module, key, value in SETTINGS:

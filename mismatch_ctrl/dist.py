@@ -17,8 +17,9 @@ in neither group, so nothing is counted twice.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -40,43 +41,65 @@ class GroupGather:
     device (CUDA for NCCL, else the CPU); the result comes back on the input's device.
 
     The group is looked up on every call because slime destroys and recreates process groups around offload;
-    :meth:`traceable` fixes the current one for a compiled region."""
+    :meth:`bound` gives the same gather for a compiled region. ``name`` says which group it is (``context_parallel``,
+    ``data_parallel``): the compiled gather reaches the group under that fixed name."""
 
-    def __init__(self, group_fn: Callable[[], object]) -> None:
+    def __init__(self, group_fn: Callable[[], object], name: str) -> None:
         self.group_fn = group_fn
+        self.name = name
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
         group = self.group_fn()
-        size, device = self._where(group)
+        size, device = _where(group)
         flat = tensor.detach().reshape(-1).to(device)
         out = flat.new_empty(size * flat.numel())
         dist.all_gather_into_tensor(out, flat, group=group)
         return out.view(size, *tensor.shape).to(tensor.device)
 
-    def traceable(self) -> Gather:
-        """The same gather over the current group as a functional collective, which ``torch.compile`` records in
-        its graph (a ``torch.distributed`` call would end the graph)."""
-        import torch.distributed._functional_collectives as funcol
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[Gather]:
+        """The same gather as a functional collective, which ``torch.compile`` records in its graph (a
+        ``torch.distributed`` call would end the graph), over the current group bound to the fixed name
+        ``mismatch_ctrl.<name>`` for the block. The graph holds that name, not the group: slime's re-created groups
+        (a new group, and name, every offload) reuse the graph."""
+        from torch._C import _distributed_c10d as c10d
 
-        group = self.group_fn()
-        size, device = self._where(group)
+        group = _registered(self.group_fn())
+        size, device = _where(group)
+        alias = f"mismatch_ctrl.{self.name}"
+        c10d._unregister_process_group(alias)  # a block ended by a crash may have left it
+        c10d._register_process_group(alias, group)
 
         def gather(tensor: torch.Tensor) -> torch.Tensor:
             flat = tensor.detach().reshape(-1).to(device)
-            return funcol.all_gather_single(flat, 0, group).view(size, *tensor.shape).to(tensor.device)
+            out = torch.ops._c10d_functional.all_gather_into_tensor(flat, size, alias)
+            return torch.ops._c10d_functional.wait_tensor(out).view(size, *tensor.shape).to(tensor.device)
 
-        return gather
+        try:
+            yield gather
+        finally:
+            c10d._unregister_process_group(alias)
 
-    @staticmethod
-    def _where(group: object) -> tuple[int, torch.device]:
-        """The group's size and the device its backend gathers on."""
-        import torch.distributed as dist
 
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
-            torch.device("cpu")
-        return dist.get_world_size(group), device
+def _registered(group: object) -> object:
+    """The process group c10d itself knows: slime wraps Megatron's groups in a Python ``ProcessGroup`` subclass that
+    keeps the real one in ``.group`` and only forwards calls to it (``ReloadableProcessGroup``,
+    ``slime/utils/reloadable_process_group.py:285`` at 624b824a); functional collectives need the real one."""
+    import torch.distributed as dist
+
+    inner = getattr(group, "group", None)
+    return inner if isinstance(inner, dist.ProcessGroup) else group
+
+
+def _where(group: object) -> tuple[int, torch.device]:
+    """The group's size and the device its backend gathers on."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
+        torch.device("cpu")
+    return dist.get_world_size(group), device
 
 
 @dataclass(frozen=True)
@@ -92,10 +115,13 @@ class Reducers:
         """Whether sequences are split over context-parallel ranks (else the per-sequence table is already complete)."""
         return self.seq is not local_gather
 
-    def traceable(self) -> Reducers:
-        """These reducers over the current groups, as gathers a compiled region records (see
-        :meth:`GroupGather.traceable`)."""
-        return Reducers(*(g.traceable() if isinstance(g, GroupGather) else g for g in (self.seq, self.batch)))
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[Reducers]:
+        """These reducers as gathers a compiled region records, over the current groups (see
+        :meth:`GroupGather.bound`)."""
+        with contextlib.ExitStack() as stack:
+            yield Reducers(*(stack.enter_context(g.bound()) if isinstance(g, GroupGather) else g
+                             for g in (self.seq, self.batch)))
 
 
 LOCAL = Reducers()

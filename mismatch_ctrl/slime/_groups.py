@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import host
-from ..dist import LOCAL, Reducers, GroupGather
+from ..dist import LOCAL, GroupGather, Reducers
 
 
 def _parallel_state():
@@ -63,9 +63,9 @@ def topology() -> Topology:
         is_main_rank=(ps.get_data_parallel_rank(with_context_parallel=True) == 0
                       and ps.get_tensor_model_parallel_rank() == 0 and is_last),
         reducers=Reducers(
-            seq=GroupGather(ps.get_context_parallel_group) if cp_size > 1 else LOCAL.seq,
-            batch=(GroupGather(lambda: ps.get_data_parallel_group(with_context_parallel=False)) if dp_size > 1
-                   else LOCAL.batch)),
+            seq=GroupGather(ps.get_context_parallel_group, "context_parallel") if cp_size > 1 else LOCAL.seq,
+            batch=(GroupGather(lambda: ps.get_data_parallel_group(with_context_parallel=False), "data_parallel")
+                   if dp_size > 1 else LOCAL.batch)),
     )
 
 

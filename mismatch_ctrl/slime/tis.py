@@ -23,8 +23,9 @@ are global over is therefore one micro-batch slot: the k-th micro-batch of every
 
 With ``torch_compile: true`` the device work between the input check and the weighting of ``pg_loss``
 (:func:`correction`: the table, the metrics, the correction, both gathers) runs as one compiled graph
-(:mod:`mismatch_ctrl.compiled`), unless the guard dropped tokens or ``pg_loss`` is NaN/inf somewhere: those rare calls
-run it eager.
+(:mod:`mismatch_ctrl.compiled`), its gathers bound to the current groups (:meth:`~mismatch_ctrl.dist.Reducers.bound`),
+unless the guard dropped tokens or ``pg_loss`` is NaN/inf somewhere (those rare calls run it eager), or compiling
+failed (every call runs it eager then).
 
 Token form of the metrics (see :mod:`mismatch_ctrl.metrics`), as slime reads them after its per-sample and per-batch
 averaging: a mean metric reads as its batch mean over the micro-batch slot's samples; a batch value (``*_max``,
@@ -51,6 +52,8 @@ from .advantage import METRIC_PREFIX
 from .inputs import check_tis_inputs
 from .layout import LocalLayout
 from .runtime import get_runtime
+
+NONFINITE_PG_LOSS = METRIC_PREFIX + "nonfinite_pg_loss_fraction"
 
 
 def rollout_correction(
@@ -80,13 +83,16 @@ def rollout_correction(
                          device=pg_loss.device)
     count, everywhere = batch.watched  # tokens with a NaN/inf pg_loss: trained ones, all
     spec = runtime.controllers.correction()
-    dropped = None
+    dropped, result = None, None
     if runtime.config.torch_compile and batch.num_seqs and not batch.dropped and not everywhere:
-        weights, keep, stacked, names = _compiled_correction(
-            batch.train_log_probs, batch.rollout_log_probs, batch.mask, batch.log_ratio, batch.nonfinite,
-            batch.impossible, *batch.segments.index(), nonfinite_loss, pg_loss.dtype, spec, topo.reducers.traceable())
+        with topo.reducers.bound() as reducers:
+            result = _compiled_correction(
+                batch.train_log_probs, batch.rollout_log_probs, batch.mask, batch.log_ratio, batch.nonfinite,
+                batch.impossible, *batch.segments.index(), nonfinite_loss, pg_loss.dtype, spec, reducers)
+    if result is not None:
+        weights, keep, stacked, names = result
         metrics = dict(zip(names, stacked.unbind(0)))
-    else:
+    else:  # eager: not compiled, or a rare path (dropped tokens, a NaN/inf pg_loss), or compiling is not possible
         if batch.dropped:  # this shard's guard dropped tokens: rare, so the extra work is no concern
             dropped = (flat_cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
         weights, keep, metrics = correction(batch, spec, topo.reducers, nonfinite_loss, pg_loss.dtype, dropped)
@@ -104,9 +110,6 @@ def rollout_correction(
                                                f"train/{NONFINITE_PG_LOSS} (check the learning rate and the "
                                                "policy's logits)")
     return pg_loss, masks, metrics
-
-
-NONFINITE_PG_LOSS = METRIC_PREFIX + "nonfinite_pg_loss_fraction"
 
 
 def correction(batch: TokenBatch, spec: CorrectionSpec, reducers: Reducers, nonfinite_loss: torch.Tensor,

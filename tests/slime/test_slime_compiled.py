@@ -1,7 +1,7 @@
 """``torch_compile: true``: the TIS hook's device work as one compiled graph (:mod:`mismatch_ctrl.compiled`).
 
 The compiled hook must give the eager hook's results (the same code traced: bit-identical with ``aot_eager``, which
-traces, functionalises and differentiates the graph as the production backend does but runs it with aten's kernels;
+traces and functionalises the graph as the production backend does but runs it with aten's kernels;
 within float32 rounding with ``inductor``, whose fused kernels sum in another order), serve micro-batches of every
 size with a few graphs, hold no host transfer and no ``torch.distributed`` call (its gathers are functional
 collectives, recorded in the graph), leave every rare path (dropped tokens, NaN ``pg_loss``) to the eager hook, and
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +41,7 @@ CASES: dict[str, dict[str, Any]] = {
 """Every kind of correction stage once: none (the metrics alone), token-level mask (IcePop), geometric band with veto
 and token truncation, sequence-level weights with batch normalisation, K3 rejection with token clipping."""
 GEO_RS_TOKEN_TIS = CASES["geo_rs_token_tis"]
+WORLD_TIMEOUT_S = 240
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +51,7 @@ def fresh_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch._dynamo.utils.counters.clear()
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
     monkeypatch.setattr(compiled, "_failed", set())
+    monkeypatch.setattr(compiled, "_under_modes", set())
     yield
     torch._dynamo.reset()
 
@@ -147,7 +150,8 @@ def test_the_graph_holds_its_gathers_and_no_host_transfer(one_process_group, mon
     """With both gathers over a real group (context- and data-parallel), the compiled call records one functional
     all-gather for each in its one graph, no ``torch.distributed`` call runs, no op reads a value to the host, the
     results equal the eager hook's with the same groups, and the next call reuses the graph."""
-    reducers = Reducers(seq=GroupGather(lambda: one_process_group), batch=GroupGather(lambda: one_process_group))
+    reducers = Reducers(seq=GroupGather(lambda: one_process_group, "context_parallel"),
+                        batch=GroupGather(lambda: one_process_group, "data_parallel"))
     monkeypatch.setattr(tis, "topology", lambda: Topology(cp_size=1, reducers=reducers))
     recorded: list[torch.fx.GraphModule] = []
 
@@ -156,7 +160,7 @@ def test_the_graph_holds_its_gathers_and_no_host_transfer(one_process_group, mon
         return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
 
     monkeypatch.setattr(compiled, "BACKEND", recording_backend)
-    eager_calls = []
+    eager_calls: list[Any] = []
     monkeypatch.setattr(dist, "all_gather_into_tensor", spy(dist.all_gather_into_tensor, eager_calls))
     inputs = tis_inputs(7, 12, 3000)
     got = tis_call(make_args(with_compile(GEO_RS_TOKEN_TIS)), inputs)
@@ -170,6 +174,46 @@ def test_the_graph_holds_its_gathers_and_no_host_transfer(one_process_group, mon
     targets = [str(node.target) for node in recorded[0].graph.nodes if node.op in ("call_function", "call_method")]
     assert sum("all_gather_into_tensor" in t for t in targets) == 2, targets
     assert not [t for t in targets if t in ("item", "tolist", "cpu", "numpy") or "local_scalar" in t], targets
+
+
+class WrappedGroup(dist.ProcessGroup):
+    """A stand-in for slime's ``ReloadableProcessGroup`` (624b824a ``slime/utils/reloadable_process_group.py:285``),
+    written from its contract: a Python ``ProcessGroup`` of the real group's rank and size that keeps the real group
+    in ``.group`` (replaced by a new one when slime re-creates the groups around offload) and forwards to it; slime
+    also patches ``torch.distributed``'s query and collective functions to pass ``.group`` on (``:158-190``)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__(group.rank(), group.size())
+        self.group = group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.group, name)
+
+
+def unwrapping(fn: Any) -> Any:
+    """``fn`` with :class:`WrappedGroup` arguments replaced by their group, as slime's patch does."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(a.group if isinstance(a, WrappedGroup) else a for a in args)
+        return fn(*args, **{k: v.group if isinstance(v, WrappedGroup) else v for k, v in kwargs.items()})
+    return wrapper
+
+
+def test_slimes_wrapped_and_re_created_groups_reuse_the_graph(one_process_group, monkeypatch):
+    """Over groups wrapped as slime wraps them, re-created between calls as slime re-creates them every rollout: the
+    compiled hook gives the eager hook's results, compiles once (its gathers reach the current group under a fixed
+    name), and leaves no name registered after a call."""
+    for name in ("get_backend", "get_world_size", "all_gather_into_tensor"):
+        monkeypatch.setattr(dist, name, unwrapping(getattr(dist, name)))
+    cp, dp = WrappedGroup(dist.new_group([0])), WrappedGroup(dist.new_group([0]))
+    reducers = Reducers(seq=GroupGather(lambda: cp, "context_parallel"), batch=GroupGather(lambda: dp, "data_parallel"))
+    monkeypatch.setattr(tis, "topology", lambda: Topology(cp_size=1, reducers=reducers))
+    for k in range(3):
+        assert_calls_equal(*call_both(tis_inputs(70 + k, 12, 3000)), f"call {k}")
+        for alias in ("mismatch_ctrl.context_parallel", "mismatch_ctrl.data_parallel"):
+            with pytest.raises(Exception):
+                torch._C._distributed_c10d._resolve_process_group(alias)
+        cp.group, dp.group = dist.new_group([0]), dist.new_group([0])  # slime's reload: new groups, new names
+    assert graphs() == 1 and not compiled._failed
 
 
 def spy(fn: Any, calls: list[Any]) -> Any:
@@ -238,13 +282,15 @@ def test_past_the_recompile_limit_the_hook_runs_eager(monkeypatch, caplog):
     assert len([r for r in caplog.records if "torch.compile of" in r.getMessage()]) == 1
 
 
-def test_under_an_op_intercepting_mode_the_hook_runs_eager_with_its_one_sync():
-    """HostGuard (a torch function mode, as a profiler may be) cannot run inside a compiled graph: the hook runs
-    eager there, makes its one host synchronisation, and compiles nothing."""
+def test_under_an_op_intercepting_mode_the_hook_runs_eager_with_its_one_sync(caplog):
+    """HostGuard (a torch function mode, as an op counter is) cannot run inside a compiled graph: the hook runs eager
+    there, says so once, makes its one host synchronisation, and compiles nothing."""
     inputs, args = tis_inputs(9, 8), make_args(with_compile(GEO_RS_TOKEN_TIS))
-    with HostGuard() as guard:
+    with caplog.at_level(logging.WARNING, logger="mismatch_ctrl"), HostGuard() as guard:
         got = tis_call(args, inputs)
-    assert guard.syncs == 1 and graphs() == 0 and not compiled._failed
+        tis_call(args, inputs)
+    assert guard.syncs == 2 and graphs() == 0 and not compiled._failed
+    assert len([r for r in caplog.records if "mode is active" in r.getMessage()]) == 1
     assert_calls_equal(got, tis_call(make_args(GEO_RS_TOKEN_TIS), inputs), "under HostGuard")
 
 
@@ -329,8 +375,14 @@ def test_on_two_ranks_the_compiled_gathers_equal_torch_distributed(layout, tmp_p
     eager hook's results (one ``all_gather_into_tensor``), bit for bit."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(world_rank, args=(layout, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-                       start_method="spawn", join=True)
+    context = mp.start_processes(world_rank, args=(layout, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                                 start_method="spawn", join=False)
+    deadline = time.monotonic() + WORLD_TIMEOUT_S
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the two ranks ({layout}) did not finish within {WORLD_TIMEOUT_S} s (a collective mismatch?)")
     for rank in range(2):
         saved = torch.load(tmp_path / f"r{rank}.pt", weights_only=False)
         assert saved["graphs"] >= 1 and not saved["failed"], rank
