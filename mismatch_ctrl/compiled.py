@@ -5,7 +5,7 @@ ops (docs/performance.md). Compiled, the device work of a call is one graph whos
 host launches a few fused kernels instead. A function compiled here
 
 - is traced whole (``fullgraph=True``): it must hold no host transfer and no ``torch.distributed`` call (its gathers
-  are functional collectives, :meth:`mismatch_ctrl.dist.Reducers.traceable`);
+  are functional collectives, :meth:`mismatch_ctrl.dist.Reducers.bound`);
 - takes tensors whose sizes are symbolic (``dynamic=True``), so a graph serves a whole class of sizes the compiler
   tells apart (one sequence, fewer than two whole blocks, ...): a few graphs serve micro-batches of every size;
 - compiles on its first call of each class (tens of seconds) and again when a setting it reads changes;
@@ -21,6 +21,7 @@ import contextlib
 import functools
 import importlib
 import logging
+import threading
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
@@ -41,7 +42,12 @@ _under_modes: set[str] = set()
 def compiled(fn: Callable[..., T]) -> Callable[..., T | None]:
     """``fn`` compiled on first use (with :data:`BACKEND` at that time): its result, or None where it cannot run
     compiled (its compile failed, now or before, or a torch function or dispatch mode intercepts ops), and the
-    caller runs its eager code instead. The failed compile or the mode is said once, as a warning."""
+    caller runs its eager code instead. The failed compile or the mode is said once, as a warning.
+
+    A compile fails with any exception raised before the graph runs (dynamo's own, or one it re-raises as it is,
+    such as an internal ``AssertionError``): with ``fullgraph=True`` nothing of ``fn`` has run then, no collective
+    either, so the eager code may run in its place. An exception once the graph runs is the inputs' or the
+    kernels' and is raised."""
     graphs: dict[object, Callable[..., T]] = {}
     name = f"{fn.__module__}.{fn.__qualname__}"
 
@@ -49,21 +55,22 @@ def compiled(fn: Callable[..., T]) -> Callable[..., T | None]:
     def call(*args: Any, **kwargs: Any) -> T | None:
         if name in _failed:
             return None
-        if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
-            if name not in _under_modes:  # a mode intercepting ops: a profiler's, an op counter, a test's HostGuard
+        if _intercepting_mode():
+            if name not in _under_modes:
                 _under_modes.add(name)
                 log.warning("mismatch_ctrl: %s runs eager while a torch function or dispatch mode is active "
                             "(torch_compile: true has no effect under it)", name)
             return None
+        _RUNNING.flag = running = [False]
         try:
             if BACKEND not in graphs:
                 torch._dynamo.eval_frame.check_if_dynamo_supported()  # e.g. a Python torch.compile does not support
-                graphs[BACKEND] = torch.compile(fn, backend=BACKEND, dynamic=True, fullgraph=True)
+                graphs[BACKEND] = torch.compile(fn, backend=_marking(BACKEND), dynamic=True, fullgraph=True)
             with _settings():
                 return graphs[BACKEND](*args, **kwargs)
         except Exception as exc:
-            if BACKEND in graphs and not _from_the_compiler(exc):
-                raise  # from the inputs or the kernels' run
+            if running[0]:
+                raise  # from the inputs or the kernels' run, not from the compiler
             _failed.add(name)
             cause: BaseException = exc  # the backend's own error, under dynamo's wrappers
             while (inner := getattr(cause, "inner_exception", None) or cause.__cause__) is not None:
@@ -76,12 +83,75 @@ def compiled(fn: Callable[..., T]) -> Callable[..., T | None]:
     return call
 
 
-def _from_the_compiler(exc: Exception) -> bool:
-    """Whether the compiler raised ``exc`` (tracing, code generation, the recompile limit), not the inputs or the
-    kernels' run (dynamo is imported here, not with the package: it takes a second)."""
-    from torch._dynamo import exc as errors
+class _Running(threading.local):
+    flag: list[bool] = [False]
 
-    return isinstance(exc, (errors.TorchDynamoException, errors.FailOnRecompileLimitHit))
+
+_RUNNING = _Running()
+"""The current call's flag (per thread), set when its graph starts to run."""
+
+
+def _marking(backend: str | Callable[..., Any]) -> Callable[..., Any]:
+    """``backend`` whose compiled graphs set the current call's flag (:data:`_RUNNING`) when they start to run."""
+    compile_graph = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
+
+    def marking_backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        graph = compile_graph(gm, inputs)
+
+        def run(*args: Any) -> Any:
+            _RUNNING.flag[0] = True
+            return graph(*args)
+
+        run._boxed_call = getattr(graph, "_boxed_call", False)  # type: ignore[attr-defined]
+        return run
+
+    return marking_backend
+
+
+def _intercepting_mode() -> bool:
+    """Whether a torch function or dispatch mode intercepts ops, other than ``torch.set_default_device``'s (which the
+    compiler handles): a profiler's, an op counter, a test's HostGuard."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return bool(torch._C._len_torch_dispatch_stack()) or any(
+        not isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
+
+
+NEEDED = ("torch._dynamo.eval_frame.check_if_dynamo_supported", "torch._dynamo.lookup_backend",
+          "torch._C._len_torch_dispatch_stack", "torch.overrides._get_current_function_mode_stack",
+          "torch.utils._device.DeviceContext", "torch._C._distributed_c10d._register_process_group",
+          "torch._C._distributed_c10d._unregister_process_group", "torch._C._distributed_c10d._resolve_process_group",
+          "torch.ops._c10d_functional.all_gather_into_tensor", "torch.ops._c10d_functional.wait_tensor",
+          "torch._dynamo.config.recompile_limit", "torch._dynamo.config.specialize_float",
+          "torch.fx.experimental._config.use_duck_shape")
+"""What a compiled hook uses of torch (tested with torch 2.13); ``torch_compile: true`` is refused without it."""
+
+
+def missing_support() -> list[str]:
+    """What this torch lacks of :data:`NEEDED`, or why it cannot compile at all (this Python); empty if nothing."""
+    missing = []
+    for path in NEEDED:
+        parts = path.split(".")
+        for k in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+            try:
+                found: Any = importlib.import_module(".".join(parts[:k]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[k:]:
+                    found = getattr(found, attr)
+            except (AttributeError, RuntimeError):
+                missing.append(path)
+            break
+        else:
+            missing.append(path)
+    if not missing:
+        try:
+            torch._dynamo.eval_frame.check_if_dynamo_supported()
+        except RuntimeError as exc:
+            missing.append(str(exc))
+    return missing
 
 
 SETTINGS = (("torch.fx.experimental._config", "use_duck_shape", False),

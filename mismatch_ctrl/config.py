@@ -268,6 +268,16 @@ def _check_combination(config: Config) -> None:
     if config.acrl.enabled and config.correction.is_level is not None:
         raise ConfigError(f"{ROOT_KEY}.acrl.enabled: ACRL sets the token IS weights itself; drop the IS stage of "
                           f"correction (preset {config.correction_preset!r}) or disable acrl")
+    if config.torch_compile:
+        from .compiled import missing_support
+
+        missing = missing_support()
+        if missing:
+            import torch
+
+            raise ConfigError(f"{ROOT_KEY}.torch_compile: this torch ({torch.__version__}) cannot run the compiled "
+                              f"hook: it lacks {', '.join(missing)}; set torch_compile: false, or use a newer torch "
+                              "(tested with 2.13)")
     if config.acrl.enabled and config.torch_compile:
         raise ConfigError(f"{ROOT_KEY}.torch_compile: ACRL moves its IS band every rollout, and the compiled TIS hook "
                           "holds the band as constants, so every rollout would compile anew; set torch_compile: false "

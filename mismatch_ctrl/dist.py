@@ -17,9 +17,8 @@ in neither group, so nothing is counted twice.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -58,29 +57,31 @@ class GroupGather:
         dist.all_gather_into_tensor(out, flat, group=group)
         return out.view(size, *tensor.shape).to(tensor.device)
 
-    @contextlib.contextmanager
-    def bound(self) -> Iterator[Gather]:
+    def bound(self) -> Gather:
         """The same gather as a functional collective, which ``torch.compile`` records in its graph (a
         ``torch.distributed`` call would end the graph), over the current group bound to the fixed name
-        ``mismatch_ctrl.<name>`` for the block. The graph holds that name, not the group: slime's re-created groups
-        (a new group, and name, every offload) reuse the graph."""
+        ``mismatch_ctrl.<name>``. The graph holds that name, not the group: slime's re-created groups (a new group,
+        and name, every offload) reuse the graph. The name stays bound until a later call binds the next group (c10d
+        holds it weakly), so nested or repeated calls need no bookkeeping."""
         from torch._C import _distributed_c10d as c10d
 
         group = _registered(self.group_fn())
         size, device = _where(group)
         alias = f"mismatch_ctrl.{self.name}"
-        c10d._unregister_process_group(alias)  # a block ended by a crash may have left it
-        c10d._register_process_group(alias, group)
+        try:
+            current = c10d._resolve_process_group(alias)
+        except RuntimeError:  # not bound yet, or its group is gone
+            current = None
+        if current is not group:
+            c10d._unregister_process_group(alias)
+            c10d._register_process_group(alias, group)
 
         def gather(tensor: torch.Tensor) -> torch.Tensor:
             flat = tensor.detach().reshape(-1).to(device)
             out = torch.ops._c10d_functional.all_gather_into_tensor(flat, size, alias)
             return torch.ops._c10d_functional.wait_tensor(out).view(size, *tensor.shape).to(tensor.device)
 
-        try:
-            yield gather
-        finally:
-            c10d._unregister_process_group(alias)
+        return gather
 
 
 def _registered(group: object) -> object:
@@ -115,13 +116,10 @@ class Reducers:
         """Whether sequences are split over context-parallel ranks (else the per-sequence table is already complete)."""
         return self.seq is not local_gather
 
-    @contextlib.contextmanager
-    def bound(self) -> Iterator[Reducers]:
+    def bound(self) -> Reducers:
         """These reducers as gathers a compiled region records, over the current groups (see
         :meth:`GroupGather.bound`)."""
-        with contextlib.ExitStack() as stack:
-            yield Reducers(*(stack.enter_context(g.bound()) if isinstance(g, GroupGather) else g
-                             for g in (self.seq, self.batch)))
+        return Reducers(*(g.bound() if isinstance(g, GroupGather) else g for g in (self.seq, self.batch)))
 
 
 LOCAL = Reducers()

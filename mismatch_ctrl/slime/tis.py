@@ -24,8 +24,8 @@ are global over is therefore one micro-batch slot: the k-th micro-batch of every
 With ``torch_compile: true`` the device work between the input check and the weighting of ``pg_loss``
 (:func:`correction`: the table, the metrics, the correction, both gathers) runs as one compiled graph
 (:mod:`mismatch_ctrl.compiled`), its gathers bound to the current groups (:meth:`~mismatch_ctrl.dist.Reducers.bound`),
-unless the guard dropped tokens or ``pg_loss`` is NaN/inf somewhere (those rare calls run it eager), or compiling
-failed (every call runs it eager then).
+on every call with samples, the rare ones too (tokens dropped by the guard, a NaN/inf ``pg_loss``), so that every
+rank makes the same collectives; once compiling has failed (or past its recompile limit) it runs eager.
 
 Token form of the metrics (see :mod:`mismatch_ctrl.metrics`), as slime reads them after its per-sample and per-batch
 averaging: a mean metric reads as its batch mean over the micro-batch slot's samples; a batch value (``*_max``,
@@ -84,17 +84,17 @@ def rollout_correction(
     count, everywhere = batch.watched  # tokens with a NaN/inf pg_loss: trained ones, all
     spec = runtime.controllers.correction()
     dropped, result = None, None
-    if runtime.config.torch_compile and batch.num_seqs and not batch.dropped and not everywhere:
-        with topo.reducers.bound() as reducers:
-            result = _compiled_correction(
-                batch.train_log_probs, batch.rollout_log_probs, batch.mask, batch.log_ratio, batch.nonfinite,
-                batch.impossible, *batch.segments.index(), nonfinite_loss, pg_loss.dtype, spec, reducers)
+    if batch.dropped:  # this shard's guard dropped tokens: rare, so the extra work is no concern
+        dropped = (flat_cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
+    if runtime.config.torch_compile and batch.num_seqs:
+        result = _compiled_correction(
+            batch.train_log_probs, batch.rollout_log_probs, batch.mask, batch.log_ratio, batch.nonfinite,
+            batch.impossible, *batch.segments.index(), nonfinite_loss, dropped, pg_loss.dtype, spec,
+            topo.reducers.bound())
     if result is not None:
         weights, keep, stacked, names = result
         metrics = dict(zip(names, stacked.unbind(0)))
-    else:  # eager: not compiled, or a rare path (dropped tokens, a NaN/inf pg_loss), or compiling is not possible
-        if batch.dropped:  # this shard's guard dropped tokens: rare, so the extra work is no concern
-            dropped = (flat_cat(layout.local_masks(loss_masks)) > 0) & (batch.mask == 0)
+    else:  # eager: torch_compile off, a batch without samples, or compiling not possible
         weights, keep, metrics = correction(batch, spec, topo.reducers, nonfinite_loss, pg_loss.dtype, dropped)
     if weights is not None:
         pg_loss = (pg_loss * weights.to(pg_loss.dtype)).masked_fill_(keep == 0, 0.0)  # rejected: 0, even where NaN
@@ -146,14 +146,14 @@ def correction(batch: TokenBatch, spec: CorrectionSpec, reducers: Reducers, nonf
 @compiled
 def _compiled_correction(train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, log_ratio: torch.Tensor,
                          nonfinite: torch.Tensor, impossible: torch.Tensor, index: torch.Tensor,
-                         index_sizes: list[int], nonfinite_loss: torch.Tensor, loss_dtype: torch.dtype,
-                         spec: CorrectionSpec, reducers: Reducers
+                         index_sizes: list[int], nonfinite_loss: torch.Tensor, dropped: torch.Tensor | None,
+                         loss_dtype: torch.dtype, spec: CorrectionSpec, reducers: Reducers
                          ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, tuple[str, ...]]:
-    """:func:`correction` of a checked batch without dropped tokens or NaN/inf ``pg_loss``, from its tensors and its
-    uploaded layout (:meth:`~mismatch_ctrl.batch.Segments.index`), as one compiled graph (``torch_compile: true``;
+    """:func:`correction` of a checked batch from its tensors and its uploaded layout
+    (:meth:`~mismatch_ctrl.batch.Segments.index`), as one compiled graph (``torch_compile: true``;
     :mod:`mismatch_ctrl.compiled`); the metrics stacked in one ``[M, T]`` tensor, with their names (a graph's every
-    output costs host work on each call)."""
+    output costs host work on each call). Dropped tokens (``dropped`` not None) compile a graph of their own."""
     segments = Segments.of_index(index, index_sizes, mask.shape[0])
     batch = TokenBatch(segments, train, rollout, mask, log_ratio, nonfinite, impossible)
-    weights, keep, metrics = correction(batch, spec, reducers, nonfinite_loss, loss_dtype)
+    weights, keep, metrics = correction(batch, spec, reducers, nonfinite_loss, loss_dtype, dropped)
     return weights, keep, torch.stack(list(metrics.values())), tuple(metrics)

@@ -201,8 +201,8 @@ def unwrapping(fn: Any) -> Any:
 
 def test_slimes_wrapped_and_re_created_groups_reuse_the_graph(one_process_group, monkeypatch):
     """Over groups wrapped as slime wraps them, re-created between calls as slime re-creates them every rollout: the
-    compiled hook gives the eager hook's results, compiles once (its gathers reach the current group under a fixed
-    name), and leaves no name registered after a call."""
+    compiled hook gives the eager hook's results and compiles once (its gathers reach the current group, the one
+    inside the wrapper, under a fixed name)."""
     for name in ("get_backend", "get_world_size", "all_gather_into_tensor"):
         monkeypatch.setattr(dist, name, unwrapping(getattr(dist, name)))
     cp, dp = WrappedGroup(dist.new_group([0])), WrappedGroup(dist.new_group([0]))
@@ -210,9 +210,8 @@ def test_slimes_wrapped_and_re_created_groups_reuse_the_graph(one_process_group,
     monkeypatch.setattr(tis, "topology", lambda: Topology(cp_size=1, reducers=reducers))
     for k in range(3):
         assert_calls_equal(*call_both(tis_inputs(70 + k, 12, 3000)), f"call {k}")
-        for alias in ("mismatch_ctrl.context_parallel", "mismatch_ctrl.data_parallel"):
-            with pytest.raises(Exception):
-                torch._C._distributed_c10d._resolve_process_group(alias)
+        for alias, wrapped in (("mismatch_ctrl.context_parallel", cp), ("mismatch_ctrl.data_parallel", dp)):
+            assert torch._C._distributed_c10d._resolve_process_group(alias).group_name == wrapped.group.group_name
         cp.group, dp.group = dist.new_group([0]), dist.new_group([0])  # slime's reload: new groups, new names
     assert graphs() == 1 and not compiled._failed
 
@@ -224,10 +223,9 @@ def spy(fn: Any, calls: list[Any]) -> Any:
     return wrapper
 
 
-def test_the_rare_paths_run_eager(monkeypatch):
-    """Dropped tokens (NaN / -inf log-probs), a NaN pg_loss at an untrained token, and a log-prob above 0 by rounding:
-    the compiled hook leaves the first two to the eager code (the compiled function is not called), compiles the
-    third (the input check clamps it, no token is dropped), and gives the eager hook's results in all three."""
+def test_the_rare_paths_run_compiled_too(monkeypatch):
+    """Dropped tokens (NaN / -inf log-probs), a NaN pg_loss at an untrained token, and a log-prob above 0 by rounding
+    run compiled as well (so every rank makes the same collectives), with the eager hook's results."""
     calls: list[Any] = []
     monkeypatch.setattr(tis, "_compiled_correction", spy(tis._compiled_correction, calls))
     batch = make_batch(seed=11, groups=2, nonfinite=True)
@@ -239,13 +237,39 @@ def test_the_rare_paths_run_eager(monkeypatch):
     nan_untrained = {**clean, "pg_loss": clean["pg_loss"].masked_fill(first_untrained, float("nan"))}
     rounding = {**clean, "train_log_probs": [t.clone() for t in clean["train_log_probs"]]}
     rounding["train_log_probs"][0][0] = 4e-4
-    for label, inputs, eager_only in (("dropped tokens", dropped, True), ("NaN pg_loss at an untrained token",
-                                                                          nan_untrained, True),
-                                      ("rounding", rounding, False)):
+    for label, inputs in (("dropped tokens", dropped), ("NaN pg_loss at an untrained token", nan_untrained),
+                          ("rounding", rounding)):
         before = len(calls)
         got, expected = call_both(inputs)
-        assert (len(calls) == before) == eager_only, label
+        assert len(calls) == before + 1, label
         assert_calls_equal(got, expected, label)
+    assert not compiled._failed
+
+
+def test_an_error_of_the_graphs_run_is_raised_and_one_before_it_falls_back(monkeypatch):
+    """An exception once the graph runs (the kernels', the inputs') is raised, not hidden by the eager code; one
+    raised before it runs, even one dynamo does not wrap (an internal ``AssertionError`` while building guards),
+    is a failed compile: one warning, the eager hook's results."""
+    def failing_run(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        def run(*args: Any) -> Any:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return run
+
+    monkeypatch.setattr(compiled, "BACKEND", failing_run)
+    inputs = tis_inputs(15, 8)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        tis_call(make_args(with_compile(GEO_RS_TOKEN_TIS)), inputs)
+    assert not compiled._failed
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+
+    def broken_guards(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("internal: guard on a freed tensor")
+
+    monkeypatch.setattr(torch._dynamo.guards.CheckFunctionManager, "__init__", broken_guards)
+    got, expected = call_both(inputs)
+    assert_calls_equal(got, expected, "after a raw AssertionError")
+    assert compiled._failed
 
 
 def test_a_failing_compiler_warns_once_and_the_hook_runs_eager(monkeypatch, caplog):
@@ -336,6 +360,16 @@ def test_torch_compile_is_a_boolean_and_refuses_acrl():
         build_config({"name": "x", "torch_compile": "yes"}, architecture="moe")
     with pytest.raises(ConfigError, match="torch_compile.*ACRL"):
         build_config({"name": "x", "torch_compile": True, "acrl": {"enabled": True}}, architecture="moe")
+
+
+def test_a_torch_without_what_the_compiled_hook_uses_is_refused(monkeypatch):
+    from mismatch_ctrl.config import build_config
+
+    assert compiled.missing_support() == []
+    monkeypatch.setattr(compiled, "NEEDED", (*compiled.NEEDED, "torch._dynamo.config.no_such_setting"))
+    with pytest.raises(ConfigError, match=r"torch_compile: this torch .* lacks torch._dynamo.config.no_such_setting"):
+        build_config({"name": "x", "torch_compile": True}, architecture="moe")
+    assert not build_config({"name": "x"}, architecture="moe").torch_compile
 
 
 def world_rank(rank: int, layout: str, store: str, out: str) -> None:
