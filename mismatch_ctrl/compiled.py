@@ -63,8 +63,7 @@ def compiled(fn: Callable[..., T]) -> Callable[..., T | None]:
             return None
         _RUNNING.flag = running = [False]
         try:
-            if BACKEND not in graphs:
-                torch._dynamo.eval_frame.check_if_dynamo_supported()  # e.g. a Python torch.compile does not support
+            if BACKEND not in graphs:  # torch.compile raises here on a Python it does not support
                 graphs[BACKEND] = torch.compile(fn, backend=_marking(BACKEND), dynamic=True, fullgraph=True)
             with _settings():
                 return graphs[BACKEND](*args, **kwargs)
