@@ -10,9 +10,9 @@ accepted; duplicate YAML keys, which PyYAML would silently resolve to the last o
 from ..architecture import resolve_architecture
 from .inert import EPS_AUTO_FACTOR_WARN, inert_settings
 from .schema import (ROOT_KEY, SECTIONS, TOP_LEVEL_KEYS, Config, StateSettings, arch_defaults, build_config,
-                     load_config, merge_sections, required_section)
+                     load_config, merge_sections, misplaced_keys, refuse_misplaced, required_section)
 from .yaml_file import MAX_CONFIG_BYTES, read_yaml
 
 __all__ = ["EPS_AUTO_FACTOR_WARN", "MAX_CONFIG_BYTES", "ROOT_KEY", "SECTIONS", "TOP_LEVEL_KEYS", "Config",
            "StateSettings", "arch_defaults", "build_config", "inert_settings", "load_config", "merge_sections",
-           "read_yaml", "required_section", "resolve_architecture"]
+           "misplaced_keys", "read_yaml", "refuse_misplaced", "required_section", "resolve_architecture"]

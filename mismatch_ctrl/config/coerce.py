@@ -59,6 +59,10 @@ _INT_MAX = 2**63 - 1
 _FLOAT_MAX = 1.7976931348623157e308
 """The largest finite float: an integer above it (a YAML number of 309 digits) is read as infinite, not an overflow."""
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: every number setting reaches the hooks' float32 tensors (a bound, a multiplier), where a larger
+one is infinite, or an error mid-run (``clamp`` and ``add(alpha=...)`` refuse it)."""
+
 YAML_SWITCHES = {False: "off", True: "on"}
 """What a setting whose values include ``off`` (``eps_guard``, ``drift_guard``) reads from YAML's bare ``off``."""
 
@@ -110,6 +114,10 @@ def coerce(tp: Any, value: Any, path: str) -> Any:
                 number = math.inf if number > 0 else -math.inf
             if not math.isfinite(number):
                 raise _NumberOutOfRange(f"{path}: must be a finite number, got {brief(value)}")
+            if abs(number) > FLOAT32_MAX:
+                raise _NumberOutOfRange(f"{path}: must be at most {FLOAT32_MAX:.4g} in magnitude, the largest float32 "
+                                        f"(the hooks compute in float32, where this number is infinite), got "
+                                        f"{brief(value)}")
             return float(number)
     elif tp is str:
         if isinstance(value, str):

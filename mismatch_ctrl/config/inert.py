@@ -4,28 +4,67 @@ launchers' ``--dry-run`` and slime's ``on_megatron_init``."""
 from __future__ import annotations
 
 from ..batch import LOG_RATIO_BOUND
+from ..dcgrpo import EPS_MAX
+from ..signals import SIGNAL_MAX
 from .schema import ROOT_KEY, Config
 
 EPS_AUTO_FACTOR_WARN = 10.0
 """An ``eps_auto_factor`` above this sets a budget a working stack's ``C_bar`` rarely reaches (floors of FP8 MoE
 rollouts span about 1e-3 to 2e-2): DC-GRPO would rarely act [ours]."""
+LOWEST_FP8_FLOOR = 1.0e-3
+"""The low end of the discrepancy floors of quantised rollout engines (FP8 MoE stacks: 1e-3 to 2e-2; the lab's e4m3
+engine ~1.2e-2): an ``eps_auto_factor`` of ``EPS_MAX / LOWEST_FP8_FLOOR`` or more makes any such engine's calibrated
+eps no budget at all [ours]."""
+FLOAT32_RESOLUTION = 2.0**-24
+"""Half of float32's spacing at 1: a change smaller than this leaves an advantage of magnitude 1 (GRPO's normalised
+advantages are of that order) unchanged, and ``1 + c`` equal to 1."""
+
+
+def _unrepresentable(config: Config) -> tuple[list[str], list[str]]:
+    """``(errors, warnings)`` for controllers whose every action is lost to float32 rounding or to the budget's
+    bound, at any discrepancy an engine can produce: eps calibrated beyond ``EPS_MAX`` on any quantised engine, a
+    DC-GRPO penalty or cap below float32's resolution of an advantage of 1, an ACRL band ``[1 / (1 + c), 1 + c]``
+    that is ``[1, 1]`` in float32."""
+    errors, warnings = [], []
+    d, a = config.dcgrpo, config.acrl
+    factor_used = d.penalty_form != "fixed" and (d.eps == "auto" or d.eps_guard == "clamp" or d.drift_guard != "off")
+    if d.enabled and factor_used and d.eps_auto_factor * LOWEST_FP8_FLOOR >= EPS_MAX:
+        errors.append(f"{ROOT_KEY}.dcgrpo.eps_auto_factor = {d.eps_auto_factor:g}: eps is set to that many times the "
+                      "measured floor (eps: auto, the floor guard, the drift guard), and a quantised engine's floor "
+                      f"is at least about {LOWEST_FP8_FLOOR:g}, so eps would be {EPS_MAX:g} or more, which no "
+                      "discrepancy a working engine produces reaches: DC-GRPO would never act (the default is 1.1)")
+    largest = max(d.lambda_max or 0.0, d.lambda_0 or 0.0) * SIGNAL_MAX[d.signal]
+    if d.enabled and d.lambda_max is not None and largest < FLOAT32_RESOLUTION:
+        warnings.append(f"{ROOT_KEY}.dcgrpo.lambda_max = {d.lambda_max:g}: the penalty lambda c never exceeds "
+                        f"{largest:.3g} (signal {d.signal}: c <= {SIGNAL_MAX[d.signal]:.4g}), below float32's "
+                        f"resolution of an advantage of 1 ({FLOAT32_RESOLUTION:.3g}): DC-GRPO would change no "
+                        "advantage of GRPO's usual size; raise lambda_max")
+    if d.enabled and d.cap is not None and d.cap < FLOAT32_RESOLUTION:
+        warnings.append(f"{ROOT_KEY}.dcgrpo.penalty_cap = {d.cap:g}: the penalty is capped at {d.cap:g} x mean|A|, "
+                        f"below float32's resolution of an advantage ({FLOAT32_RESOLUTION:.3g} relative): DC-GRPO "
+                        "would change no advantage; raise penalty_cap or set none")
+    if a.enabled and a.c_max < FLOAT32_RESOLUTION:
+        errors.append(f"{ROOT_KEY}.acrl.c_max = {a.c_max:g}: 1 + c is 1 in float32, so the band [1 / (1 + c), 1 + c] "
+                      "clips every IS weight to 1 and ACRL corrects nothing; raise c_max (default 4.0)")
+    return errors, warnings
 
 
 def inert_settings(config: Config, num_rollout: int | None = None) -> tuple[list[str], list[str]]:
     """``(errors, warnings)``: settings that would leave a controller or a guard inert, over a run of ``num_rollout``
     rollouts when given. An error is a controller that would never act (DC-GRPO calibrating ``eps: auto`` for the
     whole run or fixed at ``lambda_0 = 0``, ACRL measuring its reference for the whole run, with a band fixed at
-    ``c_min = c_max`` or a reference no ``D`` can exceed); a warning a guard or schedule that could not or would
+    ``c_min = c_max`` or a reference no ``D`` can exceed, and :func:`_unrepresentable`'s); a warning a guard or
+    schedule that could not or would
     rarely act (the infeasible-budget guard's floor window, the drift guard's streak or, under ``penalty_form:
     fixed``, any drift guard, the LR decay's period or the surge detector's windows, an ``eps_auto_factor`` far above
     the floor). One rule for ``mismatch-ctrl check-config``, the launchers' ``--dry-run`` and slime's
     ``on_megatron_init``, so the first two refuse what the third would, before a cluster starts. (Values that are
     never valid, an ``eps_auto_factor`` at or below 1 among them, are refused when the config is read.)"""
-    errors, warnings = [], []
+    errors, warnings = _unrepresentable(config)
     d, a, decay = config.dcgrpo, config.acrl, config.lr_decay
     fixed, auto = d.penalty_form == "fixed", d.eps == "auto"
     factor_used = not fixed and (auto or d.eps_guard == "clamp" or d.drift_guard != "off")
-    if d.enabled and factor_used and d.eps_auto_factor > EPS_AUTO_FACTOR_WARN:
+    if d.enabled and factor_used and EPS_AUTO_FACTOR_WARN < d.eps_auto_factor < EPS_MAX / LOWEST_FP8_FLOOR:
         warnings.append(f"{ROOT_KEY}.dcgrpo.eps_auto_factor = {d.eps_auto_factor:g}: eps is set to that many times the "
                         f"measured floor (eps: auto, the floor guard, the drift guard); above {EPS_AUTO_FACTOR_WARN:g} "
                         "C_bar rarely reaches the budget and DC-GRPO rarely acts (the default is 1.1)")

@@ -76,8 +76,28 @@ def load_config(path: str | Path, **resolve: Any) -> Config:
     if not isinstance(document, dict) or ROOT_KEY not in document:
         raise ConfigError(f"{path}: no top-level '{ROOT_KEY}:' key; mismatch_ctrl reads only that key "
                           f"(see configs/methods/ for examples)")
-    siblings = [str(key) for key in document if key != ROOT_KEY and str(key) in TOP_LEVEL_KEYS]
-    return build_config(required_section(document[ROOT_KEY], f"{path}: ", siblings), **resolve)
+    section = required_section(document[ROOT_KEY], f"{path}: ", misplaced_keys(document))
+    refuse_misplaced(document, f"{path}: ")
+    return build_config(section, **resolve)
+
+
+def misplaced_keys(document: Mapping[Any, Any]) -> list[str]:
+    """mismatch_ctrl's own keys (``dcgrpo``, ``correction``, ``name``, ...) written at the top level of the YAML,
+    beside ``mismatch_ctrl:`` instead of under it."""
+    return [str(key) for key in document if key != ROOT_KEY and str(key) in TOP_LEVEL_KEYS]
+
+
+def refuse_misplaced(document: Mapping[Any, Any], where: str = "") -> None:
+    """:class:`ConfigError` when the YAML has :func:`misplaced_keys`: slime merges every top-level key into its
+    ``args`` (SLIME.md section 3), where mismatch_ctrl never reads them, so a block indented one level too little
+    would be ignored without a word (``dcgrpo: {enabled: true}`` beside ``mismatch_ctrl:`` trains plain GRPO).
+    One rule for check-config, the launchers' ``--dry-run`` (which runs it) and ``on_megatron_init``."""
+    keys = misplaced_keys(document)
+    if keys:
+        them = "it" if len(keys) == 1 else "them"
+        raise ConfigError(f"{where}{', '.join(keys)}: mismatch_ctrl's own {'key' if len(keys) == 1 else 'keys'} at the "
+                          f"top level of the YAML, beside '{ROOT_KEY}:'; slime would merge {them} into its args, where "
+                          f"nothing reads {them}: indent {them} under '{ROOT_KEY}:'")
 
 
 def required_section(section: Any, where: str = "", siblings: list[str] | None = None) -> Mapping[str, Any]:

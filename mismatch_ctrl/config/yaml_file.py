@@ -20,19 +20,20 @@ class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing duplicate mapping keys (PyYAML keeps the last one without a word)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, tuple[int, int]] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden by the keys next to it
                 continue
             key = self.construct_object(key_node, deep=deep)
+            where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                first = seen.setdefault(key, where)
             except TypeError:
                 continue  # an unhashable key: the base class reports it
-            if first != key_node.start_mark.line + 1:
+            if first != where:  # block style (another line) or flow style ({a: 1, a: 2}: the same line)
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {brief(key)} (first on line {first}); keep one of them",
-                    key_node.start_mark)
+                    None, None, f"duplicate key {brief(key)} (first on line {first[0]}, column {first[1]}); keep one "
+                                "of them", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:

@@ -40,10 +40,10 @@ Safeties for a floor that drifts [ours; docs/algorithms.md, DC-GRPO]. The paper'
 """
 
 from .controller import C_BAR_MAX, LagrangeController, budget, log, measured_c_bar
-from .settings import (EPS_MAX, NO_CAP, PENALTY_FORMS, Aggregation, DCGRPOSettings, DriftGuard, PenaltyForm,
-                       ZeroAdvantage)
+from .settings import (EPS_MAX, NO_CAP, PENALTY_FORMS, PENALTY_MAX, Aggregation, DCGRPOSettings, DriftGuard,
+                       PenaltyForm, ZeroAdvantage)
 from .shaping import ShapedAdvantages, shape_advantages, shaping_columns
 
-__all__ = ["C_BAR_MAX", "EPS_MAX", "NO_CAP", "PENALTY_FORMS", "Aggregation", "DCGRPOSettings", "DriftGuard",
-           "LagrangeController", "PenaltyForm", "ShapedAdvantages", "ZeroAdvantage", "budget", "log", "measured_c_bar",
-           "shape_advantages", "shaping_columns"]
+__all__ = ["C_BAR_MAX", "EPS_MAX", "NO_CAP", "PENALTY_FORMS", "PENALTY_MAX", "Aggregation", "DCGRPOSettings",
+           "DriftGuard", "LagrangeController", "PenaltyForm", "ShapedAdvantages", "ZeroAdvantage", "budget", "log",
+           "measured_c_bar", "shape_advantages", "shaping_columns"]

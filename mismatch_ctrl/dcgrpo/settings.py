@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..signals import Signal
+from ..signals import SIGNAL_MAX, Signal
 
 PenaltyForm = Literal["lagrangian", "centered", "hinge", "fixed"]
 Aggregation = Literal["seq_mean", "token_mean"]
@@ -16,6 +16,9 @@ DriftGuard = Literal["persistent", "saturated", "off"]
 ZeroAdvantage = Literal["penalise", "skip"]
 NO_CAP = "none"
 PENALTY_FORMS: tuple[str, ...] = get_args(PenaltyForm)
+PENALTY_MAX = 3.4028234663852886e38 / 2**24
+"""The largest penalty ``lambda c`` a token may carry [ours]: the largest float32 over 2^24, so that the loss's sums
+over the tokens of a batch (slime sums per sequence, then over the micro-batch) stay finite in float32."""
 EPS_MAX = 1.0
 """Upper bound (exclusive) of a numeric ``eps`` for every signal [ours]: ``prob_diff`` never exceeds 1, and a mean
 ``|log ratio|``, ``|rho - 1|`` or K3 of 1 is a broken engine, not a budget."""
@@ -93,6 +96,11 @@ class DCGRPOSettings:
             out.append(("lambda_max", f"must be > 0 (lambda is clipped to [0, lambda_max]), got {self.lambda_max}"))
         elif self.lambda_max is not None and self.lambda_0 is not None and self.lambda_max < self.lambda_0:
             out.append(("lambda_max", f"must be >= lambda_0 ({self.lambda_0}), got {self.lambda_max}"))
+        elif self.lambda_max is not None and self.lambda_max * SIGNAL_MAX[self.signal] > PENALTY_MAX:
+            out.append(("lambda_max", f"must be at most {PENALTY_MAX / SIGNAL_MAX[self.signal]:.4g} with signal "
+                                      f"{self.signal} (whose c reaches {SIGNAL_MAX[self.signal]:.4g}), got "
+                                      f"{self.lambda_max:g}: a penalty lambda c beyond {PENALTY_MAX:.3g} per token "
+                                      "overflows the loss's float32 sums"))
         if self.calibration_rollouts < 1:
             out.append(("calibration_rollouts", f"must be >= 1, got {self.calibration_rollouts}"))
         if self.floor_rollouts < 1:

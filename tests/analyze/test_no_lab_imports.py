@@ -9,7 +9,8 @@ import pytest
 from import_graph import PACKAGE, imports_of, module_name
 
 LAB = "mismatch_ctrl.lab"
-CHECKED = sorted(p for p in PACKAGE.rglob("*.py") if (PACKAGE / "cli") not in p.parents and (PACKAGE / "lab") not in p.parents)
+CHECKED = sorted(p for p in PACKAGE.rglob("*.py")
+                 if (PACKAGE / "cli") not in p.parents and (PACKAGE / "lab") not in p.parents)
 """Every module of the package but the CLI and the lab itself: only the CLI (and the benchmarks) may import the lab."""
 
 
