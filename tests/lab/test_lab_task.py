@@ -127,3 +127,112 @@ def test_bad_input_names_the_field():
         AdditionTask().answers(torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="reward_mode"):
         ReverseTask(reward_mode="fuzzy")
+
+
+def _digitsum_reward_by_loop(prompt: list[int], response: list[int]) -> float:
+    """Independent reference: the response as text, cut at its first '<eos>' (none: 0), the answer after the last
+    '=', compared as text with the last digit of the prompt's digit sum (mod 4)."""
+    text = detokenize(response).replace("<pad>", "_")
+    if "<eos>" not in text:
+        return 0.0
+    body = text.split("<eos>")[0]
+    answer = body.rsplit("=", 1)[-1]
+    digits = [int(c) for c in detokenize(prompt[1:-1]) if c.isdigit()]
+    return float(answer == str(sum(digits) % 4))
+
+
+def _digitsum_task():
+    from mismatch_ctrl.lab.model.task import DigitSumTask
+
+    return DigitSumTask(min_terms=3, max_terms=8, modulus=4)
+
+
+def test_digitsum_prompt_and_both_forms_by_hand():
+    task = _digitsum_task()
+    prompt = torch.tensor([[BOS] + [DIGIT0 + d for d in (3, 2, 1)] + [PAD] * 5 + [EQUALS]])
+    assert task.targets(prompt).tolist() == [DIGIT0 + 2]
+    assert detokenize(task.answers(prompt)[0]) == "+312=2<eos><pad><pad><pad><pad><pad>"
+    assert detokenize(task.direct_answers(prompt)[0]) == "2<eos>" + "<pad>" * 10
+    prompts = task.make_prompts(500, torch.Generator().manual_seed(1))
+    terms = (prompts[:, 1:-1] != PAD).sum(dim=1)
+    assert set(terms.tolist()) == set(range(3, 9)) and prompts.shape == (500, 10)
+    assert (prompts[:, 1:-1][prompts[:, 1:-1] != PAD] < DIGIT0 + 4).all()
+    assert (task.answer_lengths(prompts) == terms + 4).all()
+    assert task.generation_len == 36 and task.max_response_len == 12
+
+
+def test_digitsum_reward_matches_a_per_sequence_parser():
+    from mismatch_ctrl.lab.model.task import PLUS
+
+    task = _digitsum_task()
+    generator = torch.Generator().manual_seed(3)
+    prompts = task.make_prompts(400, generator)
+    vocabulary = torch.tensor([PAD, EOS, PLUS, EQUALS] + [DIGIT0 + d for d in range(4)])
+    noise = vocabulary[torch.randint(0, len(vocabulary), (400, 14), generator=generator)]
+    correct = torch.cat([task.answers(prompts), torch.full((400, 2), PAD)], dim=1)
+    direct = torch.cat([task.direct_answers(prompts), torch.full((400, 2), PAD)], dim=1)
+    pick = torch.randint(0, 4, (400, 1), generator=generator)
+    mutated = correct.clone()
+    where = torch.randint(0, 14, (400,), generator=generator)
+    mutated[torch.arange(400), where] = noise[torch.arange(400), where]
+    responses = torch.where(pick == 0, noise, torch.where(pick == 1, correct, torch.where(pick == 2, direct, mutated)))
+    got = task.reward(prompts, responses)
+    expected = [_digitsum_reward_by_loop(p.tolist(), r.tolist()) for p, r in zip(prompts, responses)]
+    assert got.tolist() == expected
+    assert 0.2 < got.mean() < 0.9  # both outcomes are exercised
+    assert task.reward(prompts, task.answers(prompts)).eq(1).all()
+    assert task.reward(prompts, task.direct_answers(prompts)).eq(1).all()
+
+
+def test_digitsum_reward_edge_cases():
+    from mismatch_ctrl.lab.model.task import PLUS
+
+    task = _digitsum_task()
+    prompt = torch.tensor([[BOS] + [DIGIT0 + d for d in (3, 2, 1)] + [PAD] * 5 + [EQUALS]])  # answer 2
+    two, one = DIGIT0 + 2, DIGIT0 + 1
+    cases = {
+        (two, EOS): 1.0,                              # direct
+        (PLUS, one, EQUALS, two, EOS): 1.0,           # a wrong scratchpad is not scored
+        (EQUALS, two, EOS): 1.0,                      # an empty scratchpad
+        (two,): 0.0,                                  # no EOS
+        (two, two, EOS): 0.0,                         # two digits
+        (EQUALS, EOS): 0.0,                           # no answer
+        (PLUS, two, EQUALS, EOS, two): 0.0,           # the answer after EOS does not count
+        (two, EOS, EQUALS, one, EOS): 1.0,            # nor does anything else after the first EOS
+        (PLUS, two, EQUALS, one, EQUALS, two, EOS): 1.0,   # the last '=' before EOS decides
+        (PLUS, two, EQUALS, two, EQUALS, one, EOS): 0.0,
+    }
+    for response, expected in cases.items():
+        assert task.reward(prompt, [list(response)]).item() == expected, detokenize(response)
+        assert _digitsum_reward_by_loop(prompt[0].tolist(), list(response)) == expected
+    assert task.reward(prompt, torch.zeros(1, 0, dtype=torch.long)).tolist() == [0.0]
+    with pytest.raises(ValueError, match="responses: 2 rows for 1 prompts"):
+        task.reward(prompt, [[two, EOS], [two, EOS]])
+
+
+def test_digitsum_demonstrations_mix_the_forms_and_weigh_the_opening():
+    task = _digitsum_task()
+    prompts = task.make_prompts(4000, torch.Generator().manual_seed(2))
+    labels, weights = task.demonstrations(prompts, torch.Generator().manual_seed(4))
+    scratch = task.rollout_metrics(labels)["scratch_fraction"]
+    assert abs(scratch - task.scratch_share) < 0.03
+    is_scratch = labels[:, 0] == task.answers(prompts)[:, 0]
+    assert torch.equal(labels[is_scratch], task.answers(prompts)[is_scratch])
+    assert torch.equal(labels[~is_scratch], task.direct_answers(prompts)[~is_scratch])
+    s, o = task.scratch_share, task.opening_share
+    w = weights[is_scratch, 0].unique()
+    assert w.numel() == 1 and abs(float(w) - o * (1 - s) / (s * (1 - o))) < 1e-6
+    assert (weights[~is_scratch, 0] == 1).all() and (weights[:, 1:] == 1).all()
+    # the weighted cross-entropy of the opening token is lowest at P(open) = opening_share
+    grid = torch.linspace(0.001, 0.999, 999)
+    loss = -(weights[is_scratch, 0].sum() * grid.log() + (~is_scratch).sum() * (1 - grid).log())
+    assert abs(float(grid[loss.argmin()]) - o) < 0.005
+
+
+def test_digitsum_bad_options_name_the_field():
+    from mismatch_ctrl.lab.model.task import DigitSumTask
+
+    for options, field in (({"modulus": 1}, "modulus"), ({"scratch_share": 0.0}, "scratch_share"),
+                           ({"opening_share": 1.0}, "opening_share"), ({"min_terms": 4, "max_terms": 3}, "min_terms")):
+        with pytest.raises(ValueError, match=field):
+            DigitSumTask(**options)

@@ -1,13 +1,15 @@
 """Supervised warm-up: teach the tiny policy its task from partly corrupted labels, so it starts RL imperfect.
 
-Cross-entropy on the answer tokens (EOS included) given the prompt, AdamW; in a fraction ``corrupt_frac`` of each
-batch's examples one answer digit is replaced by a different random digit. After ``steps`` the sampling accuracy
-(fp32, temperature 1, ``eval_samples`` samples of each of ``eval_prompts`` held-out prompts) is measured; while it is
-below ``min_sample_accuracy`` training continues in chunks of ``extra_steps`` up to ``max_steps`` (the rise is steep,
-so small chunks keep the result near the threshold). A mixture-of-experts policy also gets the Switch-Transformer
-load-balancing loss (``balance_coef`` x ``policy.load_balance_loss``, 1.0 at uniform load) so that no expert is left
-idle; RL then trains without it. The result is cached on disk, keyed by a hash of the config (policy kind and seed
-included); bump ``CACHE_FORMAT`` when a code change alters what a config produces.
+Cross-entropy on the answer tokens (EOS included) given the prompt, AdamW, on the task's ``demonstrations`` (its
+answers; ``digitsum`` mixes two forms and weighs some tokens); in a fraction ``corrupt_frac`` of each batch's examples
+one answer digit is replaced by a different random digit. After ``steps`` the sampling accuracy (fp32, temperature 1,
+``eval_samples`` samples of each of ``eval_prompts`` held-out prompts; a task's ``skill_prefix`` forced at the start
+of each response) is measured; while it is below ``min_sample_accuracy`` training continues in chunks of
+``extra_steps`` up to ``max_steps`` (the rise is steep, so small chunks keep the result near the threshold). A
+mixture-of-experts policy also gets the Switch-Transformer load-balancing loss (``balance_coef`` x
+``policy.load_balance_loss``, 1.0 at uniform load) so that no expert is left idle; RL then trains without it. The
+result is cached on disk, keyed by a hash of the config (policy kind and seed included); bump ``CACHE_FORMAT`` when a
+code change alters what a config produces.
 """
 
 from __future__ import annotations
@@ -95,10 +97,14 @@ WARMUP_PRESETS: dict[str, WarmupConfig] = {
     "reverse": WarmupConfig(task="reverse", steps=390, batch_size=64, max_steps=800, eval_prompts=128),
     "reverse-long": WarmupConfig(task="reverse-long", steps=300, batch_size=64, max_steps=1500, extra_steps=25,
                                  eval_prompts=64, eval_samples=2, min_sample_accuracy=0.3),
+    "digitsum": WarmupConfig(task="digitsum", steps=400, corrupt_frac=0.0, min_sample_accuracy=0.5, extra_steps=50,
+                             max_steps=1500),
 }
 """Tuned defaults per task (measured with the dense policy; the MoE warm-up in the demo reaches the same range: ``add``
 reaches sample accuracy 0.2-0.3 after ~200-230 steps, ~10 s on one thread; ``reverse`` jumps from 0 to ~0.4 exact
-between ~400 and ~425 steps, ~1.5 min)."""
+between ~400 and ~425 steps, ~1.5 min). ``digitsum``: uncorrupted demonstrations (half of them scratchpads, the
+opening of a scratchpad weighed down to a 5% share), trained until the scratchpad, forced, is right in half the
+samples (``Task.skill_prefix``); the scratchpad is learned abruptly after ~300-800 steps."""
 
 
 POLICY_WARMUP: dict[str, dict[str, object]] = {"moe-large": {"lr": 5e-4, "steps": 100}}
@@ -143,10 +149,18 @@ def default_cache_dir() -> Path:
 def sample_accuracy(
     engine: RolloutEngine, task: Task, prompts: Tensor, n_samples: int = 1, temperature: float = 1.0, seed: int = 0
 ) -> float:
-    """Mean reward of sampled responses (``n_samples`` per prompt), on the prompts' device."""
+    """Mean reward of sampled responses (``n_samples`` per prompt), on the prompts' device. A task with a
+    ``skill_prefix`` gets it forced at the start of every response (what its warm-up must teach: ``digitsum``'s
+    scratchpad)."""
     generator = torch.Generator(prompts.device).manual_seed(seed)
-    rollout = engine.generate(prompts, n_samples, temperature, task.max_response_len, generator)
-    return task.reward(rollout.prompts.cpu(), rollout.responses.cpu()).mean().item()
+    prefix = torch.tensor(task.skill_prefix, dtype=torch.long, device=prompts.device)
+    if not len(prefix):
+        rollout = engine.generate(prompts, n_samples, temperature, task.max_response_len, generator)
+        return task.reward(rollout.prompts.cpu(), rollout.responses.cpu()).mean().item()
+    forced = torch.cat([prompts, prefix.expand(prompts.shape[0], -1)], dim=1)
+    rollout = engine.generate(forced, n_samples, temperature, task.max_response_len - len(prefix), generator)
+    responses = torch.cat([prefix.expand(rollout.responses.shape[0], -1), rollout.responses], dim=1)
+    return task.reward(rollout.prompts[:, :prompts.shape[1]].cpu(), responses.cpu()).mean().item()
 
 
 def greedy_accuracy(engine: RolloutEngine, task: Task, prompts: Tensor) -> float:
@@ -181,10 +195,12 @@ def _train(
     device = policy.lm_head.weight.device
     for _ in range(steps):
         prompts = task.make_prompts(config.batch_size, generator)
-        labels = corrupt_answers(task.answers(prompts), config.corrupt_frac, generator)
+        labels, weights = task.demonstrations(prompts, generator)
+        labels = corrupt_answers(labels, config.corrupt_frac, generator)
         mask = (labels != PAD).to(device)
         scored = policy.score(torch.cat([prompts, labels], dim=1).to(device), task.prompt_len, mask)
-        loss = -scored.log_probs.sum() / mask.sum()
+        log_probs = scored.log_probs if weights is None else scored.log_probs * weights.to(device)
+        loss = -log_probs.sum() / mask.sum()
         if scored.routing is not None and config.balance_coef:
             loss = loss + config.balance_coef * load_balance_loss(scored.router_logits, scored.routing)
         optimizer.zero_grad(set_to_none=True)

@@ -5,6 +5,7 @@ seed), each run's controller state, and the plots."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +75,18 @@ def _controller_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_report(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str]) -> Path:
+def write_report(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str],
+                 sections: Sequence[str] = ()) -> Path:
     """``out_dir/report.md``: the settings, one row per run with mean [95% interval] over seeds, the differences the
-    intervals support, the controller table and ``plots`` (paths under ``out_dir``)."""
+    intervals support, the controller table, ``sections`` (more markdown lines) and ``plots`` (paths under
+    ``out_dir``)."""
     path = out_dir / "report.md"
-    path.write_text("\n".join(_lines(comparison, plots, out_dir, commands)) + "\n")
+    path.write_text("\n".join(_lines(comparison, plots, out_dir, commands, sections)) + "\n")
     return path
 
 
-def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str]) -> list[str]:
+def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: list[str],
+           sections: Sequence[str]) -> list[str]:
     settings, seeds, aggregated = comparison.settings, comparison.seeds, comparison.aggregated
     lines = [
         "# mismatch_ctrl lab report",
@@ -143,6 +147,7 @@ def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: l
     if missing:
         lines += ["", "Not compared (a reference run is missing from this directory): " + "; ".join(missing) + "."]
     lines += _controller_lines(comparison.controllers)
+    lines += sections
     lines += [
         "",
         "Late: over the last quarter of the rollouts (accuracy: the mean of the evaluations there and the final "

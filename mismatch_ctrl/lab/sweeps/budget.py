@@ -60,3 +60,20 @@ def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
         log(f"warm-up: {len(uncached)} of the seeds are not cached yet; their warm-ups alone take ~{_duration(low)} "
             f"to ~{_duration(high)} on one thread (a rough estimate; {base.steps} to {base.max_steps} steps each), "
             "before the first run starts. Ctrl-C now to choose fewer seeds; each finished warm-up is cached")
+
+
+ROLLOUT_SECONDS: dict[str, float] = {"add": 0.2, "reverse": 2.0, "digitsum": 0.45}
+"""Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task, on this
+project's reference 2-core machine when idle: ``add`` and ``reverse`` from docs/lab.md and the ``reverse-e5m2``
+preset; ``digitsum`` after its surge (~10-token answers), measured for issue 36 (docs/lab-surge.md)."""
+
+
+def training_estimate(task: str, policy: str, rollouts: int, runs: int, jobs: int) -> str | None:
+    """A line estimating the training time of ``runs`` runs of ``rollouts`` rollouts in all, ``jobs`` at a time, from
+    :data:`ROLLOUT_SECONDS`; None for a task or policy without a measured cost."""
+    if task not in ROLLOUT_SECONDS or policy not in ("moe", "dense") or not runs:
+        return None
+    seconds = rollouts * ROLLOUT_SECONDS[task] / max(1, min(jobs, runs))
+    return (f"estimate: {runs} runs, {rollouts} rollouts in all, ~{ROLLOUT_SECONDS[task]:g} core-s each: about "
+            f"{_duration(seconds)} with {min(jobs, runs)} jobs on idle cores (a loaded machine takes longer), "
+            "warm-ups aside")

@@ -25,7 +25,7 @@ from ..results.outputs import write_outputs
 from ..results.table import Run, RunTable
 from ..training.methods import RunSpec
 from ..training.settings import LabSettings
-from .budget import check_warmups
+from .budget import check_warmups, training_estimate
 from .executors import Executor, LocalExecutor
 from .integrity import CheckedRun, check_run, check_runs, run_folders
 from .lock import OutLock
@@ -110,6 +110,10 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
         training = sorted({s.seed for _, s in todo})
         check_warmups(base, [seed for seed in training if not cache_path(dataclasses.replace(base, seed=seed),
                                                                           cache_dir).is_file()], training, log)
+        estimate = training_estimate(settings.task, settings.policy, sum(s.steps for _, s in todo), len(todo),
+                                     getattr(executor, "jobs", 1))
+        if estimate is not None:
+            log(estimate)
         if todo:
             executor.connect()
             _train(todo, base, out_dir, executor, cache_dir, show_progress, progress_interval, len(grid) - len(todo))

@@ -46,6 +46,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dcgrpo_centered": ("dcgrpo", {"dcgrpo": {"penalty_form": "centered"}}),
     "geo_rs_e4m3": ("geo_mis", {"correction": {"rs_low": 0.87, "rs_high": 1.15}}),
     "geo_rs_e5m2": ("geo_mis", {"correction": {"rs_low": 0.76, "rs_high": 1.31}}),
+    "grpo_lr_half": ("length_decay", {"lr_decay": {"period": 1, "factor": 0.5, "min_scale": 0.5}}),
 }
 """``dcgrpo_floor_guard`` .. ``dcgrpo_centered_persistent``: DC-GRPO with the safeties of issue 17 added one at a time
 (``drift_guard``, ``penalty_cap``, ``zero_advantage``; ALGORITHMS.md section 2): ``dcgrpo_floor_guard`` is the
@@ -57,7 +58,10 @@ section 2), zero on average at the budget instead of always pushing the sampled 
 ``geo_rs_e5m2``: Geo-RS with its band calibrated to the lab's MoE engine in that format: 99% of the warmed-up
 policies' sequences have |geometric-mean log-ratio| <= 0.14 with e4m3 and <= 0.27 with e5m2
 (``benchmarks/lab_mismatch.py``, 3 seeds: 0.127-0.170 and 0.245-0.289), so the bands [exp(-0.14), exp(0.14)] =
-[0.87, 1.15] and [0.76, 1.31] reject about 1% of the sequences at the start and more as the mismatch grows."""
+[0.87, 1.15] and [0.76, 1.31] reject about 1% of the sequences at the start and more as the mismatch grows.
+``grpo_lr_half``: GRPO at half the learning rate, applied by the same LR hook as ``length_decay`` (a fixed schedule
+that halves once, at rollout 1, and stays: rollout 0 trains at the full rate): is it the surge trigger that helps,
+or only a lower rate?"""
 
 
 def method_names() -> list[str]:

@@ -38,6 +38,7 @@ from ..model.engine import RolloutEngine
 from ..model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
 from ..model.routing import routing_metrics
 from ..model.task import make_task
+from .length_stats import length_buckets
 from .methods import RunSpec, method_section
 from .settings import LabSettings, check_device
 from .summary import summarize
@@ -151,9 +152,11 @@ class Trainer:
             return None
         return rollout.routing if index is None else rollout.routing[index]
 
-    def rollout_data(self, step: int) -> tuple[dict[str, Any], Any, Tensor, dict[str, float | None]]:
+    def rollout_data(self, step: int) -> tuple[dict[str, Any], Any, Tensor, dict[str, Any]]:
         """Sample one rollout and build slime's ``rollout_data`` (DP-local = everything, CP = 1); also the routing
-        metrics of a mixture-of-experts policy (the trainer's recompute against the engine's expert sets)."""
+        metrics of a mixture-of-experts policy (the trainer's recompute against the engine's expert sets), the task's
+        own metrics of the responses, and where the task asks for them the mismatch by response length
+        (``length_stats.length_buckets``)."""
         s = self.settings
         prompts = self.task.make_prompts(s.prompts_per_step, self.generator).to(self.device)
         rollout = self.engine.generate(prompts, s.samples_per_prompt, s.temperature, self.max_new, self.sampler)
@@ -162,11 +165,14 @@ class Trainer:
         with torch.inference_mode():
             old, routing, _ = self.policy.score(rollout.tokens, rollout.prompt_len, mask, s.temperature,
                                                 self.replay(rollout))
-        routed: dict[str, float | None] = {}
+        routed: dict[str, Any] = {}
         if routing is not None:
             prob_diff = (old.exp() - rollout.rollout_log_probs.exp()).abs()
             routed = routing_metrics(routing, rollout.routing, rollout.prompt_len, mask & prob_diff.isfinite(),
                                      prob_diff)
+        routed.update(self.task.rollout_metrics(rollout.responses.cpu()))
+        if self.task.length_records:
+            routed["length_buckets"] = length_buckets(old, rollout.rollout_log_probs, mask)
         lengths = rollout.response_lengths.tolist()
         segments = Segments(lengths, self.device)
         data = {

@@ -1,0 +1,94 @@
+"""The surge task's records and their analysis: mismatch by length (``length_stats``) and the surge measures
+(``results.surge``), each against a straightforward per-sequence implementation."""
+
+import numpy as np
+import pytest
+import torch
+
+from mismatch_ctrl.lab.results import surge
+from mismatch_ctrl.lab.training.length_stats import length_buckets
+
+
+def _random_rollout(generator, n=40, width=9):
+    lengths = torch.randint(1, width + 1, (n,), generator=generator)
+    lengths[0] = 0  # an empty response is left out
+    mask = torch.arange(width) < lengths[:, None]
+    rollout = -torch.rand(n, width, generator=generator) * 3
+    train = rollout + 0.2 * torch.randn(n, width, generator=generator)
+    return train.masked_fill(~mask, 0.0), rollout.masked_fill(~mask, 0.0), mask
+
+
+def _per_sequence(train, rollout, mask):
+    rows = []
+    for p, q, m in zip(train.tolist(), rollout.tolist(), mask.tolist()):
+        n = sum(m)
+        if n == 0:
+            continue
+        d = [a - b for a, b, keep in zip(p, q, m) if keep]
+        c = sum(abs(np.exp(a) - np.exp(b)) for a, b, keep in zip(p, q, m) if keep) / n
+        rows.append((n, c, max(abs(x) for x in d), sum(d), abs(sum(d))))
+    return rows
+
+
+def test_length_buckets_match_a_per_sequence_loop():
+    train, rollout, mask = _random_rollout(torch.Generator().manual_seed(0))
+    train[3, 0] = float("nan")  # a blown-up sequence is left out
+    got = length_buckets(train, rollout, mask)
+    rows = [r for i, r in enumerate(_per_sequence(train, rollout, mask)) if i != 2]  # row 3 is the 3rd non-empty
+    assert got["length"] == sorted({float(r[0]) for r in rows})
+    for j, length in enumerate(got["length"]):
+        picked = [r for r in rows if r[0] == length]
+        assert got["count"][j] == len(picked)
+        for k, key in enumerate(("discrepancy_sum", "max_abs_log_ratio_sum", "log_ratio_sum", "abs_log_ratio_sum")):
+            assert got[key][j] == pytest.approx(sum(r[k + 1] for r in picked), rel=1e-5, abs=1e-6)
+    with pytest.raises(ValueError, match="one shape"):
+        length_buckets(train, rollout[:, :3], mask)
+
+
+def test_within_rollout_slope_is_least_squares_with_one_intercept_per_rollout():
+    generator = torch.Generator().manual_seed(1)
+    records, xs, ys, groups = [], [], [], []
+    for step in range(5):
+        train, rollout, mask = _random_rollout(generator)
+        records.append({"step": step, "length_buckets": length_buckets(train, rollout, mask)})
+        for row in _per_sequence(train, rollout, mask):
+            xs.append(row[0])
+            ys.append(row[3])
+            groups.append(step)
+    design = np.column_stack([np.array(xs, float)] + [np.array(groups) == g for g in range(5)]).astype(float)
+    expected = np.linalg.lstsq(design, np.array(ys), rcond=None)[0][0]
+    assert surge.within_rollout_slope(records, "log_ratio_sum") == pytest.approx(expected, rel=1e-6)
+    assert surge.within_rollout_slope([{"step": 0, "length_buckets": {
+        "length": [3.0], "count": [4.0], "log_ratio_sum": [1.0]}}], "log_ratio_sum") is None
+
+
+def test_bucket_means_pool_the_run_by_length():
+    records = [{"step": 0, "length_buckets": {"length": [2.0, 7.0], "count": [3.0, 1.0], "x": [0.3, 0.5]}},
+               {"step": 1, "length_buckets": {"length": [2.0, 16.0], "count": [1.0, 2.0], "x": [0.1, 1.0]}}]
+    assert surge.bucket_means(records, "x") == [pytest.approx(0.1), None, pytest.approx(0.5), None,
+                                                pytest.approx(0.5)]
+
+
+def test_doubling_surged_detector_and_lr_cuts():
+    flat, rise = [2.0] * 40, [2.0 + 6.0 * min(1.0, t / 10) for t in range(60)]
+    records = [{"step": t, "response_length": v} for t, v in enumerate(flat + rise)]
+    found = surge.doubling(surge.lengths(records), 20)
+    # by brute force over the trailing 5-rollout means
+    smooth = [float(np.mean((flat + rise)[max(0, t - 4):t + 1])) for t in range(100)]
+    best = max(smooth[b] / smooth[a] for b in range(100) for a in range(max(0, b - 20), b))
+    assert found.ratio == pytest.approx(best) and found.ratio == pytest.approx(4.0)
+    assert surge.surged(records) and not surge.surged(records, factor=4.5)
+    assert not surge.surged([{"step": t, "response_length": 2.0 + t / 50} for t in range(100)])
+    assert surge.detector(records) == (None, None)
+    records[50].update(surge_triggered=1.0, surge_onset=44.0)
+    records[51].update(surge_triggered=1.0, surge_onset=44.0)
+    assert surge.detector(records) == (44, 50)
+    scales = [1.0] * 60 + [0.5] * 20 + [0.25] * 20
+    assert surge.lr_cuts([{"step": t, "lr_scale": s} for t, s in enumerate(scales)]) == [60, 80]
+
+
+def test_before_after_uses_the_windows_around_the_detector():
+    records = [{"step": t, "discrepancy": 0.01 if t < 30 else 0.03} for t in range(100)]
+    assert surge.before_after(records) is None
+    records[40].update(surge_triggered=1.0, surge_onset=30)
+    assert surge.before_after(records, window=10) == (pytest.approx(0.01), pytest.approx(0.03))
