@@ -92,3 +92,66 @@ def test_before_after_uses_the_windows_around_the_detector():
     assert surge.before_after(records) is None
     records[40].update(surge_triggered=1.0, surge_onset=30)
     assert surge.before_after(records, window=10) == (pytest.approx(0.01), pytest.approx(0.03))
+
+
+def test_a_digitsum_run_logs_the_mismatch_by_length_and_its_report_has_the_surge(tmp_path):
+    from mismatch_ctrl.lab.model.warmup import WarmupConfig
+    from mismatch_ctrl.lab.sweeps.run import run_lab
+    from mismatch_ctrl.lab.training.methods import RunSpec
+    from mismatch_ctrl.lab.training.settings import LabSettings
+
+    warmup = WarmupConfig(task="digitsum", d_model=32, n_layers=1, d_ff=16, steps=3, max_steps=3, batch_size=16,
+                          min_sample_accuracy=0.0, eval_prompts=8, eval_samples=1, corrupt_frac=0.0)
+    runs = [RunSpec.parse("grpo", "e4m3", 8), RunSpec.parse("length_decay", "e4m3", 8)]
+    settings = LabSettings(task="digitsum", steps=3, prompts_per_step=4, samples_per_prompt=4, eval_every=2,
+                           eval_prompts=8)
+    result = run_lab(runs, settings, tmp_path, jobs=1, cache_dir=tmp_path / "cache", show_progress=False,
+                     warmup=warmup, seeds=(0,))
+    for run in result.table:
+        assert len(run.records) == 3
+        for record in run.records:
+            buckets = record["length_buckets"]
+            assert sum(buckets["count"]) == 16 and 0.0 <= record["scratch_fraction"] <= 1.0
+            lengths = [float(n) for n in buckets["length"]]
+            assert sum(n * c for n, c in zip(lengths, buckets["count"])) == pytest.approx(
+                16 * record["response_length"])
+    report = result.report.read_text()
+    assert "## The response-length surge" in report and "## The mismatch against response length" in report
+    assert (tmp_path / "plots" / "surge.png").is_file() and "![surge](plots/surge.png)" in report
+
+
+def test_surge_lines_count_surges_onsets_and_cuts():
+    from mismatch_ctrl.lab.results.surge_report import surge_lines
+    from mismatch_ctrl.lab.results.table import Run, RunTable
+
+    def run(seed, rise_at, cut_at=None):
+        records = []
+        for t in range(100):
+            record = {"step": t, "response_length": 2.0 if t < rise_at else 9.0, "discrepancy": 0.01,
+                      "lr_scale": 0.5 if cut_at is not None and t >= cut_at else 1.0,
+                      "length_buckets": {"length": [2.0, 9.0], "count": [3.0, 1.0], "discrepancy_sum": [0.03, 0.02],
+                                         "max_abs_log_ratio_sum": [0.3, 0.2], "log_ratio_sum": [0.0, 0.1],
+                                         "abs_log_ratio_sum": [0.3, 0.2]}}
+            if t >= rise_at + 5:
+                record.update(surge_triggered=1.0, surge_onset=float(rise_at))
+            records.append(record)
+        summary = {"label": "length_decay@e4m3", "method": "length_decay", "quant": "e4m3", "replay": False,
+                   "seed": seed, "settings": {}}
+        return Run(summary, records)
+
+    lines = surge_lines(RunTable.of([run(70, 40, 72), run(71, 50, 90), run(72, 200)]))
+    row = next(line for line in lines if line.startswith("| `length_decay@e4m3` | 3 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[5:] == ["2/3", "2/3", "45 (40-50)", "50 (45-55)", "81 (72-90)"]
+
+
+def test_training_estimate_from_the_measured_cost_per_rollout():
+    from mismatch_ctrl.lab.sweeps.budget import ROLLOUT_SECONDS, training_estimate
+
+    line = training_estimate("digitsum", "moe", 140 * 100, 140, 16)
+    assert line is not None and "140 runs" in line and "16 jobs" in line
+    assert f"{140 * 100 * ROLLOUT_SECONDS['digitsum'] / 16 / 60:.0f} min" in line
+    assert "2 jobs" in training_estimate("add", "dense", 200, 2, 8)  # never more jobs than runs
+    assert training_estimate("reverse-long", "moe", 100, 1, 1) is None  # no measured cost: no line
+    assert training_estimate("add", "moe-large", 100, 1, 1) is None
+    assert training_estimate("add", "moe", 0, 0, 2) is None

@@ -130,13 +130,16 @@ def test_bad_input_names_the_field():
 
 
 def _digitsum_reward_by_loop(prompt: list[int], response: list[int]) -> float:
-    """Independent reference: the response as text, cut at its first '<eos>' (none: 0), the answer after the last
-    '=', compared as text with the last digit of the prompt's digit sum (mod 4)."""
+    """Independent reference: the response as text, cut at its first '<eos>' (none: 0); a scratchpad ('+' first)
+    must hold an '=' and its answer is what follows the last one, else the whole text is the answer; compared as text
+    with the prompt's digit sum mod 4."""
     text = detokenize(response).replace("<pad>", "_")
     if "<eos>" not in text:
         return 0.0
     body = text.split("<eos>")[0]
-    answer = body.rsplit("=", 1)[-1]
+    if body.startswith("+") and "=" not in body:
+        return 0.0
+    answer = body.rsplit("=", 1)[-1] if body.startswith("+") else body
     digits = [int(c) for c in detokenize(prompt[1:-1]) if c.isdigit()]
     return float(answer == str(sum(digits) % 4))
 
@@ -193,10 +196,14 @@ def test_digitsum_reward_edge_cases():
     cases = {
         (two, EOS): 1.0,                              # direct
         (PLUS, one, EQUALS, two, EOS): 1.0,           # a wrong scratchpad is not scored
-        (EQUALS, two, EOS): 1.0,                      # an empty scratchpad
+        (PLUS, EQUALS, two, EOS): 1.0,                # an empty scratchpad
+        (EQUALS, two, EOS): 0.0,                      # a scratchpad must open with '+'
+        (two, EQUALS, two, EOS): 0.0,
+        (PLUS, two, EOS): 0.0,                        # a scratchpad must close with '='
+        (PLUS, EOS): 0.0,
         (two,): 0.0,                                  # no EOS
         (two, two, EOS): 0.0,                         # two digits
-        (EQUALS, EOS): 0.0,                           # no answer
+        (PLUS, EQUALS, EOS): 0.0,                     # no answer
         (PLUS, two, EQUALS, EOS, two): 0.0,           # the answer after EOS does not count
         (two, EOS, EQUALS, one, EOS): 1.0,            # nor does anything else after the first EOS
         (PLUS, two, EQUALS, one, EQUALS, two, EOS): 1.0,   # the last '=' before EOS decides

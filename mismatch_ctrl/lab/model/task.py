@@ -287,11 +287,14 @@ class DigitSumTask(Task):
     - scratchpad: ``+ s_1 .. s_k = a <eos>`` (k + 4 tokens) with the running sums ``s_j = (d_1 + .. + d_j) mod
       modulus`` (so ``s_k = a``): each token adds one digit, fetched at a fixed offset, to the previous one.
 
-    Reward [ours]: cut the response at its first EOS (none: 0); the final answer is what follows the last ``=`` (the
-    whole response when there is none); 1.0 iff it is exactly the one digit ``a``. The scratchpad is not scored.
+    Reward [ours]: cut the response at its first EOS (none: 0); 1.0 iff what remains is the direct form ``a`` or a
+    scratchpad (opened by ``+``) whose last ``=`` is followed by exactly ``a``. The scratchpad's content is not
+    scored: only the final answer is. (Without the opening ``+`` a response such as ``3 0 1 = a`` scores 0: in a
+    first version it did not, and RL at lr 1e-3 grew such responses, which guess ``a`` no better than the direct
+    form, before the scratchpad took over.)
     ``answers`` gives the scratchpad form; the warm-up's ``demonstrations`` (see there) teach both forms and a
-    policy that opens a scratchpad for ``opening_share`` (5%) of the prompts. ``generation_len`` (36) is 3x the
-    longest scratchpad and ~15x the mean length of a policy that answers directly 95% of the time (~2.4): room for
+    policy that opens a scratchpad for ``opening_share`` (1.5%) of the prompts. ``generation_len`` (36) is 3x the
+    longest scratchpad and ~15x the mean length of a policy that answers directly 98.5% of the time (~2.1): room for
     the surge.
     """
 
@@ -300,7 +303,7 @@ class DigitSumTask(Task):
     skill_prefix = (PLUS,)
 
     def __init__(self, min_terms: int = 3, max_terms: int = 8, modulus: int = 4, scratch_share: float = 0.5,
-                 opening_share: float = 0.025, seed: int = 0, eval_seed: int = 1_000_003) -> None:
+                 opening_share: float = 0.015, seed: int = 0, eval_seed: int = 1_000_003) -> None:
         super().__init__(seed=seed, eval_seed=eval_seed)
         if not 1 <= min_terms <= max_terms:
             raise ValueError(f"need 1 <= min_terms <= max_terms, got {min_terms}, {max_terms}")
@@ -367,8 +370,8 @@ class DigitSumTask(Task):
         return labels, weights
 
     def reward(self, prompts: Tensor, responses: Responses) -> Tensor:
-        """1.0 iff the response has an EOS and the tokens between its last ``=`` before the EOS (or its start) and
-        the EOS are exactly the answer digit; else 0.0. Float32 [n]."""
+        """1.0 iff the response has an EOS and before it is exactly the answer digit, or ``+``, anything, ``=`` and
+        exactly the answer digit (the last ``=`` before the EOS decides); else 0.0. Float32 [n]."""
         got = pad_responses(responses)
         target = self.targets(prompts)
         if got.shape[0] != prompts.shape[0]:
@@ -381,7 +384,8 @@ class DigitSumTask(Task):
         eos = torch.where(is_eos.any(dim=1), is_eos.long().argmax(dim=1), width)
         last_equals = torch.where((got == EQUALS) & (position < eos[:, None]), position, -1).max(dim=1).values
         answer = got.gather(1, (last_equals + 1).clamp(max=width - 1)[:, None]).squeeze(1)
-        return ((eos < width) & (eos == last_equals + 2) & (answer == target)).float()
+        well_formed = (last_equals == -1) | (got[:, 0] == PLUS)
+        return ((eos < width) & (eos == last_equals + 2) & (answer == target) & well_formed).float()
 
     def rollout_metrics(self, responses: Tensor) -> dict[str, float]:
         """``scratch_fraction``: the share of the responses that open a scratchpad (first token ``+``)."""

@@ -52,6 +52,7 @@ METHODS: dict[str, tuple[str, str]] = {
     "dcgrpo_tight_noguard": ("#666666", "X"),
     "dcgrpo_tight_guard": ("#8ca252", "h"),
     "dcgrpo_centered": ("#ad494a", "p"),
+    "geo_rs_nvfp4": ("#ce6dbd", ">"),
     "grpo_lr_half": ("#6baed6", "o"),
 }
 """Method -> (colour, marker) of every method the lab ships; the order is the frontier's legend order."""

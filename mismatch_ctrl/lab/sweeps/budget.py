@@ -28,7 +28,8 @@ BYTES_PER_PARAMETER = 8
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else \
+        f"{seconds:.0f} s"
 
 
 def available_memory() -> int | None:

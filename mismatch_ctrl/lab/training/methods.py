@@ -46,6 +46,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dcgrpo_centered": ("dcgrpo", {"dcgrpo": {"penalty_form": "centered"}}),
     "geo_rs_e4m3": ("geo_mis", {"correction": {"rs_low": 0.87, "rs_high": 1.15}}),
     "geo_rs_e5m2": ("geo_mis", {"correction": {"rs_low": 0.76, "rs_high": 1.31}}),
+    "geo_rs_nvfp4": ("geo_mis", {"correction": {"rs_low": 0.79, "rs_high": 1.26}}),
     "grpo_lr_half": ("length_decay", {"lr_decay": {"period": 1, "factor": 0.5, "min_scale": 0.5}}),
 }
 """``dcgrpo_floor_guard`` .. ``dcgrpo_centered_persistent``: DC-GRPO with the safeties of issue 17 added one at a time
