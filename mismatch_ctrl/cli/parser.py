@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "103,744 parameters; moe-large (4 layers of width 256, 16 experts of width 128, top-2: 5.3M "
                           f"parameters, for a GPU) (default: {d['policy']})")
     lab.add_argument("--task", choices=sorted(WARMUP_PRESETS),
-                     help="add (reversed addition, ~5-token answers), reverse (32-64-token answers) or reverse-long "
-                          f"(64-128-token answers: the long-answer regime) (default: {d['task']})")
+                     help="add (reversed addition, ~5-token answers), reverse (32-64-token answers), reverse-long "
+                          "(64-128-token answers: the long-answer regime) or digitsum (a scratchpad RL learns to use: "
+                          f"the response-length surge) (default: {d['task']})")
     lab.add_argument("--steps", type=options.positive_int,
                      help=f"rollouts (training iterations) per run (default: {d['steps']})")
     per_policy = "".join(f"; {own['lr']:g} for {kind}" for kind, own in options.POLICY_DEFAULTS.items() if "lr" in own)

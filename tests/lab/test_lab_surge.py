@@ -87,6 +87,12 @@ def test_doubling_surged_detector_and_lr_cuts():
     assert surge.lr_cuts([{"step": t, "lr_scale": s} for t, s in enumerate(scales)]) == [60, 80]
 
 
+def test_length_profile_is_the_mean_per_exact_length():
+    records = [{"step": 0, "length_buckets": {"length": [2.0, 7.0], "count": [3.0, 1.0], "x": [0.3, 0.5]}},
+               {"step": 1, "length_buckets": {"length": [2.0], "count": [1.0], "x": [0.5]}}]
+    assert surge.length_profile(records, "x") == {2: pytest.approx(0.2), 7: pytest.approx(0.5)}
+
+
 def test_before_after_uses_the_windows_around_the_detector():
     records = [{"step": t, "discrepancy": 0.01 if t < 30 else 0.03} for t in range(100)]
     assert surge.before_after(records) is None
@@ -102,7 +108,8 @@ def test_a_digitsum_run_logs_the_mismatch_by_length_and_its_report_has_the_surge
 
     warmup = WarmupConfig(task="digitsum", d_model=32, n_layers=1, d_ff=16, steps=3, max_steps=3, batch_size=16,
                           min_sample_accuracy=0.0, eval_prompts=8, eval_samples=1, corrupt_frac=0.0)
-    runs = [RunSpec.parse("grpo", "e4m3", 8), RunSpec.parse("length_decay", "e4m3", 8)]
+    runs = [RunSpec.parse("grpo", "e4m3", 8), RunSpec.parse("length_decay", "e4m3", 8),
+            RunSpec.parse("grpo_lr_half", "e4m3", 8), RunSpec.parse("geo_rs_nvfp4@nvfp4", "e4m3", 8)]
     settings = LabSettings(task="digitsum", steps=3, prompts_per_step=4, samples_per_prompt=4, eval_every=2,
                            eval_prompts=8)
     result = run_lab(runs, settings, tmp_path, jobs=1, cache_dir=tmp_path / "cache", show_progress=False,
@@ -115,9 +122,13 @@ def test_a_digitsum_run_logs_the_mismatch_by_length_and_its_report_has_the_surge
             lengths = [float(n) for n in buckets["length"]]
             assert sum(n * c for n, c in zip(lengths, buckets["count"])) == pytest.approx(
                 16 * record["response_length"])
+    half = next(run for run in result.table if run.method == "grpo_lr_half")
+    assert [r["lr_scale"] for r in half.records] == [1.0, 0.5, 0.5]  # halved from rollout 1 on, through the hook
+    assert [r["train/lr"] for r in half.records] == pytest.approx([1e-3, 5e-4, 5e-4])
     report = result.report.read_text()
     assert "## The response-length surge" in report and "## The mismatch against response length" in report
     assert (tmp_path / "plots" / "surge.png").is_file() and "![surge](plots/surge.png)" in report
+    assert "![mismatch_by_length](plots/mismatch_by_length.png)" in report
 
 
 def test_surge_lines_count_surges_onsets_and_cuts():

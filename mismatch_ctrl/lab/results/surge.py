@@ -127,6 +127,18 @@ def bucket_means(records: Records, key: str, buckets: Sequence[tuple[int, int | 
     return [total[1] / total[0] if total[0] else None for total in totals]
 
 
+def length_profile(records: Records, key: str) -> dict[int, float]:
+    """Per response length, the mean of ``key`` over the run's sequences of that length."""
+    totals: dict[int, list[float]] = {}
+    for record in records:
+        bucket = record.get("length_buckets") or {"length": []}
+        for j, x in enumerate(bucket["length"]):
+            total = totals.setdefault(int(x), [0.0, 0.0])
+            total[0] += bucket["count"][j]
+            total[1] += bucket[key][j]
+    return {x: total[1] / total[0] for x, total in sorted(totals.items()) if total[0]}
+
+
 def before_after(records: Records, key: str = "discrepancy", window: int = WINDOW) -> tuple[float, float] | None:
     """Mean of the logged ``key`` (default ``C_bar``) over the ``window`` rollouts before the detector's onset and
     over the ``window`` rollouts from its trigger on; None when it never triggered or a side has no value."""

@@ -19,6 +19,7 @@ from .surge import (
     bucket_means,
     detector,
     lengths,
+    length_profile,
     lr_cuts,
     surged,
     within_rollout_slope,
@@ -26,6 +27,9 @@ from .surge import (
 from .table import RunTable
 
 PLOT_NAME = "surge.png"
+PROFILE_NAME = "mismatch_by_length.png"
+PROFILE = ("discrepancy_sum", "max_abs_log_ratio_sum", "abs_log_ratio_sum")
+"""The quantities of ``mismatch_by_length.png``, one panel each."""
 
 
 def has_length_records(table: RunTable) -> bool:
@@ -130,9 +134,38 @@ def write_surge_plot(table: RunTable, path: Path) -> Path:
     return path
 
 
+def write_profile_plot(table: RunTable, path: Path) -> Path:
+    """``mismatch_by_length.png``: per quantity of :data:`PROFILE`, its mean over each run's sequences of each response
+    length (``length_profile``), averaged over the seeds that have that length, one line per run label in its style;
+    log axis. Runs on the exact engine are left out (their mismatch is rounding, ~1e-8)."""
+    groups = {label: runs for label, runs in table.groups().items() if runs[0].quant != "none"}
+    fig = new_figure(90, figsize=(15, 4))
+    axes = fig.subplots(1, len(PROFILE), squeeze=False)[0]
+    for ax, key in zip(axes, PROFILE):
+        for label, runs in groups.items():
+            profiles = [length_profile(run.records, key) for run in runs]
+            xs = sorted({x for profile in profiles for x in profile})
+            ys = [sum(p[x] for p in profiles if x in p) / sum(x in p for p in profiles) for x in xs]
+            ax.plot(xs, ys, label=label, **{**run_style(label), "marker": "o", "ms": 3})
+        ax.set_yscale("log")
+        ax.set_xlabel("response length (tokens)")
+        ax.set_title(f"{QUANTITIES[key]} per sequence", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("the mismatch by response length: mean over each run's sequences of that length, then over seeds",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
+    return path
+
+
 def surge_outputs(table: RunTable, plot_dir: Path) -> tuple[list[str], list[Path]]:
-    """The report section and the plot, or nothing when no run logged the mismatch by length."""
+    """The report section and the plots, or nothing when no run logged the mismatch by length."""
     if not has_length_records(table):
         return [], []
-    return surge_lines(table), [write_surge_plot(table, plot_dir / PLOT_NAME)]
+    plots = [write_surge_plot(table, plot_dir / PLOT_NAME)]
+    if any(run.quant != "none" for run in table):
+        plots.append(write_profile_plot(table, plot_dir / PROFILE_NAME))
+    return surge_lines(table), plots
 

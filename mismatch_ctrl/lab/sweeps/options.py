@@ -39,8 +39,8 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
     "gpu-moe": {"policy": "moe-large", "quant": "nvfp4", "methods": "grpo@none,grpo,grpo+r3", "steps": 120,
                 "num_steps_per_rollout": 4, "lr": 1e-4, "seeds": tuple(range(40, 48))},
     "surge": {"task": "digitsum", "lr": 5e-4, "steps": 120, "quant": "e4m3", "seeds": tuple(range(70, 75)),
-              "methods": "grpo@none,grpo,length_decay"},
-    "surge-compare": {"task": "digitsum", "lr": 5e-4, "steps": 120, "quant": "none,nvfp4",
+              "methods": "grpo@none,grpo,length_decay,grpo@nvfp4"},
+    "surge-compare": {"task": "digitsum", "lr": 5e-4, "steps": 100, "quant": "none,nvfp4",
                       "seeds": tuple(range(75, 85)),
                       "methods": "grpo,length_decay,grpo_lr_half,dcgrpo,token_tis,geo_rs_nvfp4,grpo+r3"},
 }
@@ -73,10 +73,10 @@ H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups
 
 ``surge`` and ``surge-compare``: the response-length surge (docs/lab-surge.md) on the ``digitsum`` task, whose
 scratchpad RL discovers, at lr 5e-4 (at the lab's 1e-3 the scratchpad took over within 10-20 rollouts, before the
-surge detector's 30-rollout baseline exists), 120 rollouts. ``surge``: GRPO on the exact and the e4m3 engine and
-``length_decay`` on e4m3, seeds 70-74 (15 runs). ``surge-compare``: GRPO, ``length_decay``, GRPO at half the
-learning rate (``grpo_lr_half``), DC-GRPO, token TIS, Geo-RS (band calibrated to NVFP4 on this task) and GRPO + R3
-on the exact and the NVFP4 engine, seeds 75-84 (140 runs)."""
+surge detector's 30-rollout baseline exists). ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and
+``length_decay`` on e4m3, 120 rollouts, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay``, GRPO at half the learning
+rate (``grpo_lr_half``), DC-GRPO, token TIS, Geo-RS (band calibrated to NVFP4 on this task) and GRPO + R3 on the exact
+and the NVFP4 engine, 100 rollouts, seeds 75-84 (140 runs; sized for one 9-minute command on 16 cores)."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
