@@ -74,9 +74,10 @@ H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups
 ``surge`` and ``surge-compare``: the response-length surge (docs/lab-surge.md) on the ``digitsum`` task, whose
 scratchpad RL discovers, at lr 5e-4 (at the lab's 1e-3 the scratchpad took over within 10-20 rollouts, before the
 surge detector's 30-rollout baseline exists). ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and
-``length_decay`` on e4m3, 120 rollouts, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay``, GRPO at half the learning
-rate (``grpo_lr_half``), DC-GRPO, token TIS, Geo-RS (band calibrated to NVFP4 on this task) and GRPO + R3 on the exact
-and the NVFP4 engine, 100 rollouts, seeds 75-84 (140 runs; sized for one 9-minute command on 16 cores)."""
+``length_decay`` on e4m3, 120 rollouts, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay``, GRPO at
+half the learning rate (``grpo_lr_half``), DC-GRPO, token TIS, Geo-RS (band calibrated to NVFP4 on this task) and
+GRPO + R3 on the exact and the NVFP4 engine, 100 rollouts, seeds 75-84 (140 runs; sized for one 9-minute command on
+16 cores)."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
