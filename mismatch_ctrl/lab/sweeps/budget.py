@@ -63,10 +63,11 @@ def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
             "before the first run starts. Ctrl-C now to choose fewer seeds; each finished warm-up is cached")
 
 
-ROLLOUT_SECONDS: dict[str, float] = {"add": 0.2, "reverse": 2.0, "digitsum": 0.45}
+ROLLOUT_SECONDS: dict[str, float] = {"add": 0.2, "reverse": 2.0, "digitsum": 0.5}
 """Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task, on this
 project's reference 2-core machine when idle: ``add`` and ``reverse`` from docs/lab.md and the ``reverse-e5m2``
-preset; ``digitsum`` after its surge (~10-token answers), measured for issue 36 (docs/lab-surge.md)."""
+preset; ``digitsum`` an estimate (issue 36: ~2.5x ``add``, for 2-3x its decoding steps after the surge, ~10-token
+answers; the project's machine was too loaded to time it, docs/lab-surge.md)."""
 
 
 def training_estimate(task: str, policy: str, rollouts: int, runs: int, jobs: int) -> str | None:
