@@ -108,8 +108,8 @@ def test_a_digitsum_run_logs_the_mismatch_by_length_and_its_report_has_the_surge
 
     warmup = WarmupConfig(task="digitsum", d_model=32, n_layers=1, d_ff=16, steps=3, max_steps=3, batch_size=16,
                           min_sample_accuracy=0.0, eval_prompts=8, eval_samples=1, corrupt_frac=0.0)
-    runs = [RunSpec.parse("grpo", "e4m3", 8), RunSpec.parse("length_decay", "e4m3", 8),
-            RunSpec.parse("grpo_lr_half", "e4m3", 8), RunSpec.parse("geo_rs_nvfp4@nvfp4", "e4m3", 8)]
+    runs = [RunSpec.parse("length_decay", "e4m3", 8), RunSpec.parse("grpo_lr_half", "e4m3", 8),
+            RunSpec.parse("geo_rs_nvfp4@nvfp4", "e4m3", 8)]
     settings = LabSettings(task="digitsum", steps=3, prompts_per_step=4, samples_per_prompt=4, eval_every=2,
                            eval_prompts=8)
     result = run_lab(runs, settings, tmp_path, jobs=1, cache_dir=tmp_path / "cache", show_progress=False,
