@@ -37,13 +37,15 @@ def has_length_records(table: RunTable) -> bool:
     return any("length_buckets" in record for run in table for record in run.records[:1])
 
 
-def _cell(values: list[float], digits: int = 3) -> str:
+def _cell(values: list[float], digits: int = 3, signed: bool = False) -> str:
+    """Mean [95% t interval] of ``values`` (the mean alone for one value; '-' for none); ``signed``: with a sign."""
     if not values:
         return "-"
     s: Spread = spread(values)
+    form = f"{'+' if signed else ''}.{digits}g"
     if s.low is None:
-        return f"{s.mean:.{digits}g}"
-    return f"{s.mean:+.{digits}g} [{s.low:+.{digits}g}, {s.high:+.{digits}g}]"
+        return f"{s.mean:{form}}"
+    return f"{s.mean:{form}} [{s.low:{form}}, {s.high:{form}}]"
 
 
 def _range(values: list[int]) -> str:
@@ -77,8 +79,8 @@ def surge_lines(table: RunTable) -> list[str]:
               "compared with the sequences of its own rollout), one value per run; mean [95% t interval] over "
               "seeds.", "", "| run | " + " | ".join(QUANTITIES.values()) + " |", "|---|" + "---|" * len(QUANTITIES)]
     for label, runs in groups.items():
-        cells = [_cell([v for v in (within_rollout_slope(run.records, key) for run in runs) if v is not None], 2)
-                 for key in QUANTITIES]
+        cells = [_cell([v for v in (within_rollout_slope(run.records, key) for run in runs) if v is not None], 2,
+                       signed=True) for key in QUANTITIES]
         lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
     names = [f"{low}-{high}" if high else f"{low}+" for low, high in BUCKETS]
     lines += ["", "Per length bucket (tokens), the mean over the run's sequences, then mean [interval] over seeds:",
@@ -87,14 +89,15 @@ def surge_lines(table: RunTable) -> list[str]:
         for key, name in QUANTITIES.items():
             columns = list(zip(*(bucket_means(run.records, key) for run in runs)))
             lines.append(f"| `{label}` | {name} | " + " | ".join(
-                _cell([v for v in column if v is not None], 2) for column in columns) + " |")
+                _cell([v for v in column if v is not None], 2, signed=key == "log_ratio_sum") for column in columns)
+                + " |")
     lines += ["", f"`C_bar` of the {WINDOW} rollouts before the detector's onset and of the {WINDOW} from its "
                   "trigger on, in the runs where it fired; after - before paired per seed:", "",
               "| run | seeds | before | after | after - before |", "|---|---|---|---|---|"]
     for label, runs in groups.items():
         pairs = [p for p in (before_after(run.records) for run in runs) if p is not None]
         lines.append(f"| `{label}` | {len(pairs)} | {_cell([b for b, _ in pairs])} | {_cell([a for _, a in pairs])} "
-                     f"| {_cell([a - b for b, a in pairs])} |")
+                     f"| {_cell([a - b for b, a in pairs], signed=True)} |")
     return lines
 
 
