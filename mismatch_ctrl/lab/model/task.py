@@ -328,8 +328,8 @@ class DigitSumTask(Task):
         return prompts
 
     def running_sums(self, prompts: Tensor) -> tuple[Tensor, Tensor]:
-        """The running sums ``s_1 .. s_max_terms`` mod 10 (LongTensor [n, max_terms]; past k they stay ``a``) and
-        the number of terms k [n]."""
+        """The running sums ``s_1 .. s_max_terms`` mod ``modulus`` (LongTensor [n, max_terms]; past k they stay
+        ``a``) and the number of terms k [n]."""
         self._check_prompts(prompts)
         digits = prompts[:, 1:-1]
         present = digits != PAD
