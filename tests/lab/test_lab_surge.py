@@ -87,6 +87,16 @@ def test_doubling_surged_detector_and_lr_cuts():
     assert surge.lr_cuts([{"step": t, "lr_scale": s} for t, s in enumerate(scales)]) == [60, 80]
 
 
+def test_within_rollout_difference_pairs_long_and_short_of_one_rollout():
+    records = [{"step": 0, "length_buckets": {"length": [2.0, 7.0, 9.0], "count": [2.0, 1.0, 1.0],
+                                              "x": [0.2, 0.5, 0.7]}},
+               {"step": 1, "length_buckets": {"length": [2.0], "count": [1.0], "x": [0.5]}},  # no scratchpad: skipped
+               {"step": 2, "length_buckets": {"length": [1.0, 12.0], "count": [1.0, 2.0], "x": [0.3, 0.2]}}]
+    # rollout 0: 0.6 - 0.1; rollout 2: 0.1 - 0.3
+    assert surge.within_rollout_difference(records, "x") == pytest.approx((0.5 - 0.2) / 2)
+    assert surge.within_rollout_difference(records[1:2], "x") is None
+
+
 def test_length_profile_is_the_mean_per_exact_length():
     records = [{"step": 0, "length_buckets": {"length": [2.0, 7.0], "count": [3.0, 1.0], "x": [0.3, 0.5]}},
                {"step": 1, "length_buckets": {"length": [2.0], "count": [1.0], "x": [0.5]}}]

@@ -112,6 +112,23 @@ def within_rollout_slope(records: Records, key: str) -> float | None:
     return sxy / sxx if sxx > 1e-12 else None
 
 
+def within_rollout_difference(records: Records, key: str, short: tuple[int, int] = (1, 2),
+                              long: tuple[int, int] = (7, 14)) -> float | None:
+    """Mean over the rollouts that sampled both, of (mean ``key`` of its sequences with lengths in ``long``) minus
+    (the same in ``short``): scratchpads against direct answers of the same policy. None when no rollout has both."""
+    gaps = []
+    for record in records:
+        bucket = record.get("length_buckets") or {"length": []}
+        sides = []
+        for low, high in (long, short):
+            picked = [j for j, x in enumerate(bucket["length"]) if low <= x <= high]
+            count = sum(bucket["count"][j] for j in picked)
+            sides.append(sum(bucket[key][j] for j in picked) / count if count else None)
+        if None not in sides:
+            gaps.append(sides[0] - sides[1])
+    return sum(gaps) / len(gaps) if gaps else None
+
+
 def bucket_means(records: Records, key: str, buckets: Sequence[tuple[int, int | None]] = BUCKETS
                  ) -> list[float | None]:
     """Per length bucket ``(low, high)`` (inclusive; high None: no bound), the mean of ``key`` over the run's

@@ -22,6 +22,7 @@ from .surge import (
     length_profile,
     lr_cuts,
     surged,
+    within_rollout_difference,
     within_rollout_slope,
 )
 from .table import RunTable
@@ -82,6 +83,14 @@ def surge_lines(table: RunTable) -> list[str]:
         cells = [_cell([v for v in (within_rollout_slope(run.records, key) for run in runs) if v is not None], 2,
                        signed=True) for key in QUANTITIES]
         lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
+    lines += ["", "Scratchpads (7-14 tokens) minus direct answers (1-2 tokens) of the same rollout, averaged over the "
+                  "rollouts that sampled both, one value per run:", "",
+              "| run | seeds | " + " | ".join(QUANTITIES.values()) + " |", "|---|---|" + "---|" * len(QUANTITIES)]
+    for label, runs in groups.items():
+        gaps = {key: [v for v in (within_rollout_difference(run.records, key) for run in runs) if v is not None]
+                for key in QUANTITIES}
+        lines.append(f"| `{label}` | {max(len(v) for v in gaps.values())} | " + " | ".join(
+            _cell(gaps[key], 2, signed=True) for key in QUANTITIES) + " |")
     names = [f"{low}-{high}" if high else f"{low}+" for low, high in BUCKETS]
     lines += ["", "Per length bucket (tokens), the mean over the run's sequences, then mean [interval] over seeds:",
               "", "| run | quantity | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
