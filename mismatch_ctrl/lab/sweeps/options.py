@@ -43,7 +43,7 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
     "surge-compare": {"task": "digitsum", "lr": 5e-4, "steps": 100, "quant": "none,nvfp4",
                       "seeds": tuple(range(75, 85)),
                       "methods": "grpo,length_decay,grpo_lr_half,dcgrpo@nvfp4,token_tis@nvfp4,geo_rs_nvfp4@nvfp4,"
-                                 "grpo@nvfp4+r3"},
+                                 "grpo@nvfp4+r3,grpo@mxfp4,grpo@temp1.3"},
 }
 """Named settings (``--preset``); explicit flags override them. ``demo``: ``make demo``. ``demo-seeds``: the same
 comparison over 5 seeds (the README's evidence). ``e5m2-edge``: the setting of the
@@ -77,8 +77,9 @@ scratchpad RL discovers, at lr 5e-4 (at the lab's 1e-3 the scratchpad took over 
 surge detector's 30-rollout baseline exists). ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and
 ``length_decay`` on e4m3, 120 rollouts, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay`` and GRPO at
 half the learning rate (``grpo_lr_half``) on the exact and the NVFP4 engine, DC-GRPO, token TIS, Geo-RS (band
-calibrated to NVFP4 on this task) and GRPO + R3 on NVFP4, 100 rollouts, seeds 75-84 (100 runs; sized to run with the
-``surge`` preset in one 9-minute command on 16 cores). On the exact engine those four are GRPO up to rounding (token
+calibrated to NVFP4 on this task) and GRPO + R3 on NVFP4, and GRPO on the two coarsest doses of the frontier (MXFP4,
+a logit temperature of 1.3): is GRPO hurt anywhere on this task? 100 rollouts, seeds 75-84 (120 runs; sized for one
+9-minute command on 16 cores). On the exact engine those four are GRPO up to rounding (token
 weights exp(~1e-8), nothing rejected, a penalty of ~1e-10, the replayed experts are the trainer's own), so they are
 not run there; add them with ``--methods`` if wanted."""
 
