@@ -40,10 +40,10 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
                 "num_steps_per_rollout": 4, "lr": 1e-4, "seeds": tuple(range(40, 48))},
     "surge": {"task": "digitsum", "lr": 5e-4, "steps": 120, "quant": "e4m3", "seeds": tuple(range(70, 75)),
               "methods": "grpo@none,grpo,length_decay,grpo@nvfp4"},
-    "surge-compare": {"task": "digitsum", "lr": 5e-4, "steps": 100, "quant": "none,nvfp4",
+    "surge-compare": {"task": "digitsum", "lr": 5e-4, "steps": 120, "quant": "none,nvfp4",
                       "seeds": tuple(range(75, 85)),
                       "methods": "grpo,length_decay,grpo_lr_half,dcgrpo@nvfp4,token_tis@nvfp4,geo_rs_nvfp4@nvfp4,"
-                                 "grpo@nvfp4+r3,grpo@mxfp4,grpo@temp1.3"},
+                                 "grpo@nvfp4+r3,grpo@mxfp4"},
 }
 """Named settings (``--preset``); explicit flags override them. ``demo``: ``make demo``. ``demo-seeds``: the same
 comparison over 5 seeds (the README's evidence). ``e5m2-edge``: the setting of the
@@ -74,12 +74,12 @@ H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups
 
 ``surge`` and ``surge-compare``: the response-length surge (docs/lab-surge.md) on the ``digitsum`` task, whose
 scratchpad RL discovers, at lr 5e-4 (at the lab's 1e-3 the scratchpad took over within 10-20 rollouts, before the
-surge detector's 30-rollout baseline exists). ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and
-``length_decay`` on e4m3, 120 rollouts, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay`` and GRPO at
+surge detector's 30-rollout baseline exists), 120 rollouts. ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and
+``length_decay`` on e4m3, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay`` and GRPO at
 half the learning rate (``grpo_lr_half``) on the exact and the NVFP4 engine, DC-GRPO, token TIS, Geo-RS (band
-calibrated to NVFP4 on this task) and GRPO + R3 on NVFP4, and GRPO on the two coarsest doses of the frontier (MXFP4,
-a logit temperature of 1.3): is GRPO hurt anywhere on this task? 100 rollouts, seeds 75-84 (120 runs; sized for one
-9-minute command on 16 cores). On the exact engine those four are GRPO up to rounding (token
+calibrated to NVFP4 on this task) and GRPO + R3 on NVFP4, and GRPO on the coarsest engine of the frontier (MXFP4): is
+GRPO hurt anywhere on this task? 120 rollouts (so that a surge as late as rollout 60 still gets its first LR cut), seeds
+75-84 (110 runs; sized for one 9-minute command on 16 cores). On the exact engine those four are GRPO up to rounding (token
 weights exp(~1e-8), nothing rejected, a penalty of ~1e-10, the replayed experts are the trainer's own), so they are
 not run there; add them with ``--methods`` if wanted."""
 
