@@ -74,14 +74,14 @@ H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups
 
 ``surge`` and ``surge-compare``: the response-length surge (docs/lab-surge.md) on the ``digitsum`` task, whose
 scratchpad RL discovers, at lr 5e-4 (at the lab's 1e-3 the scratchpad took over within 10-20 rollouts, before the
-surge detector's 30-rollout baseline exists), 120 rollouts. ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and
-``length_decay`` on e4m3, seeds 70-74 (20 runs). ``surge-compare``: GRPO, ``length_decay`` and GRPO at
-half the learning rate (``grpo_lr_half``) on the exact and the NVFP4 engine, DC-GRPO, token TIS, Geo-RS (band
-calibrated to NVFP4 on this task) and GRPO + R3 on NVFP4, and GRPO on the coarsest engine of the frontier (MXFP4): is
-GRPO hurt anywhere on this task? 120 rollouts (so that a surge as late as rollout 60 still gets its first LR cut), seeds
-75-84 (110 runs; sized for one 9-minute command on 16 cores). On the exact engine those four are GRPO up to rounding (token
-weights exp(~1e-8), nothing rejected, a penalty of ~1e-10, the replayed experts are the trainer's own), so they are
-not run there; add them with ``--methods`` if wanted."""
+surge detector's 30-rollout baseline exists), 120 rollouts (so that a surge as late as rollout 60 still gets its
+first LR cut). ``surge``: GRPO on the exact, the e4m3 and the NVFP4 engine and ``length_decay`` on e4m3, seeds 70-74
+(20 runs). ``surge-compare``: GRPO, ``length_decay`` and GRPO at half the learning rate (``grpo_lr_half``) on the
+exact and the NVFP4 engine, DC-GRPO, token TIS, Geo-RS (band calibrated to NVFP4 on this task) and GRPO + R3 on
+NVFP4, and GRPO on the coarsest engine of the frontier (MXFP4): is GRPO hurt anywhere on this task? Seeds 75-84 (110
+runs; sized for one 9-minute command on 16 cores). On the exact engine the four corrections are GRPO up to rounding
+(token weights exp(~1e-8), nothing rejected, a penalty of ~1e-10, the replayed experts are the trainer's own), so
+they are not run there; add them with ``--methods`` if wanted."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
