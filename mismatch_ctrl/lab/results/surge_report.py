@@ -120,9 +120,10 @@ def write_surge_plot(table: RunTable, path: Path) -> Path:
     rows = -(-len(groups) // columns)
     fig = new_figure(90, figsize=(4.6 * columns, 3.2 * rows))
     axes = fig.subplots(rows, columns, squeeze=False, sharex=True, sharey=True)
+    seeds = table.seeds()
     for ax, (label, runs) in zip(axes.flat, groups.items()):
-        for i, run in enumerate(runs):
-            colour = f"C{i % 10}"
+        for run in runs:
+            colour = f"C{seeds.index(run.seed) % 10}"  # one colour per seed in every panel
             smooth = moving_average(lengths(run.records), SMOOTH)
             ax.plot(range(len(smooth)), smooth, color=colour, lw=1.0, label=f"seed {run.seed}")
             onset, trigger = detector(run.records)
