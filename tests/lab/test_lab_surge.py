@@ -101,6 +101,7 @@ def test_length_profile_is_the_mean_per_exact_length():
     records = [{"step": 0, "length_buckets": {"length": [2.0, 7.0], "count": [3.0, 1.0], "x": [0.3, 0.5]}},
                {"step": 1, "length_buckets": {"length": [2.0], "count": [1.0], "x": [0.5]}}]
     assert surge.length_profile(records, "x") == {2: pytest.approx(0.2), 7: pytest.approx(0.5)}
+    assert surge.length_profile(records, "x", min_count=2) == {2: pytest.approx(0.2)}
 
 
 def test_before_after_uses_the_windows_around_the_detector():

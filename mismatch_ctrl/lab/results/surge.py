@@ -144,8 +144,9 @@ def bucket_means(records: Records, key: str, buckets: Sequence[tuple[int, int | 
     return [total[1] / total[0] if total[0] else None for total in totals]
 
 
-def length_profile(records: Records, key: str) -> dict[int, float]:
-    """Per response length, the mean of ``key`` over the run's sequences of that length."""
+def length_profile(records: Records, key: str, min_count: int = 1) -> dict[int, float]:
+    """Per response length, the mean of ``key`` over the run's sequences of that length (lengths with fewer than
+    ``min_count`` sequences left out)."""
     totals: dict[int, list[float]] = {}
     for record in records:
         bucket = record.get("length_buckets") or {"length": []}
@@ -153,7 +154,7 @@ def length_profile(records: Records, key: str) -> dict[int, float]:
             total = totals.setdefault(int(x), [0.0, 0.0])
             total[0] += bucket["count"][j]
             total[1] += bucket[key][j]
-    return {x: total[1] / total[0] for x, total in sorted(totals.items()) if total[0]}
+    return {x: total[1] / total[0] for x, total in sorted(totals.items()) if total[0] >= max(min_count, 1)}
 
 
 def before_after(records: Records, key: str = "discrepancy", window: int = WINDOW) -> tuple[float, float] | None:

@@ -31,6 +31,8 @@ PLOT_NAME = "surge.png"
 PROFILE_NAME = "mismatch_by_length.png"
 PROFILE = ("discrepancy_sum", "max_abs_log_ratio_sum", "abs_log_ratio_sum")
 """The quantities of ``mismatch_by_length.png``, one panel each."""
+PROFILE_MIN_COUNT = 20
+"""Lengths a run sampled fewer times than this are left out of ``mismatch_by_length.png`` (their means are noise)."""
 
 
 def has_length_records(table: RunTable) -> bool:
@@ -149,14 +151,15 @@ def write_surge_plot(table: RunTable, path: Path) -> Path:
 
 def write_profile_plot(table: RunTable, path: Path) -> Path:
     """``mismatch_by_length.png``: per quantity of :data:`PROFILE`, its mean over each run's sequences of each response
-    length (``length_profile``), averaged over the seeds that have that length, one line per run label in its style;
-    log axis. Runs on the exact engine are left out (their mismatch is rounding, ~1e-8)."""
+    length (``length_profile``, lengths sampled at least :data:`PROFILE_MIN_COUNT` times), averaged over the seeds
+    that have that length, one line per run label in its style; log axis. Runs on the exact engine are left out
+    (their mismatch is rounding, ~1e-8)."""
     groups = {label: runs for label, runs in table.groups().items() if runs[0].quant != "none"}
     fig = new_figure(90, figsize=(15, 4))
     axes = fig.subplots(1, len(PROFILE), squeeze=False)[0]
     for ax, key in zip(axes, PROFILE):
         for label, runs in groups.items():
-            profiles = [length_profile(run.records, key) for run in runs]
+            profiles = [length_profile(run.records, key, PROFILE_MIN_COUNT) for run in runs]
             xs = sorted({x for profile in profiles for x in profile})
             ys = [sum(p[x] for p in profiles if x in p) / sum(x in p for p in profiles) for x in xs]
             ax.plot(xs, ys, label=label, **{**run_style(label), "marker": "o", "ms": 3})
