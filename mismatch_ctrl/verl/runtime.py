@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from ..batch import Segments, TokenBatch
-from ..config import Config, load_config
+from ..config import ROOT_KEY, Config, load_config
 from ..controllers import ControllerSet
 from ..correction import CorrectionSpec, apply_correction
 from ..errors import ConfigError, StateError
@@ -55,9 +55,10 @@ def read_config(cfg: Any) -> Config:
     try:
         config = load_config(str(path), hf_config=local)
     except ConfigError as exc:
-        if local is None and "architecture" in str(exc):
-            raise ConfigError(f"{exc} (actor_rollout_ref.model.path={model!r} is no local directory, so its "
-                              "config.json cannot tell: set mismatch_ctrl.architecture: dense or moe)") from None
+        if local is None and str(exc).startswith(f"{ROOT_KEY}.architecture:"):
+            raise ConfigError(f"{path}: the method's defaults depend on the architecture, and "
+                              f"actor_rollout_ref.model.path={model!r} is no local model directory whose config.json "
+                              f"tells it: set {ROOT_KEY}.architecture: dense or moe in the YAML") from None
         raise
     check_verl_config(cfg, config)
     return config

@@ -50,7 +50,7 @@ def test_architecture_comes_from_the_models_config_json(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump({"mismatch_ctrl": {"name": "m", **DCGRPO}}))
     assert read_config(verl_config(method=path, model=dense_model(tmp_path))).architecture == "dense"
-    with pytest.raises(ConfigError, match="is no local directory.*set mismatch_ctrl.architecture"):
+    with pytest.raises(ConfigError, match="is no local model directory.*set mismatch_ctrl.architecture: dense or moe"):
         read_config(verl_config(method=path))  # verl's default model path is a hub id
 
 

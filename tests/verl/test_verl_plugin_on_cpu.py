@@ -8,16 +8,14 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 LOOKUP = ("import verl; from verl.trainer.ppo.v1 import get_trainer_cls; "
           "print(get_trainer_cls('mismatch_ctrl').__module__)")
 
 
-def run(code: str, **env: str) -> subprocess.CompletedProcess:
+def run(code: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
     return subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
-                          env={**environ, **env}, timeout=400)
+                          env=environ, timeout=400)
 
 
 def test_import_verl_registers_the_trainer():
@@ -26,15 +24,10 @@ def test_import_verl_registers_the_trainer():
     assert done.stdout.strip().splitlines()[-1] == "mismatch_ctrl.verl.trainer"
 
 
-@pytest.mark.parametrize("policy", ["none", "some_other_plugin"])
-def test_verls_plugin_policy_can_keep_it_out(policy):
-    done = run(LOOKUP, VERL_USE_EXTERNAL_PLUGINS=policy)
-    assert done.returncode != 0 and "Unknown trainer 'mismatch_ctrl'" in done.stderr
-
-
 def test_a_plugin_that_fails_to_load_is_an_error():
     """A broken install (here: the controllers module cannot be imported) stops ``import verl`` with the cause."""
     done = run("import sys; sys.modules['mismatch_ctrl.controllers'] = None; import verl; print('imported')")
     assert done.returncode != 0 and "imported" not in done.stdout
-    assert "PluginLoadError: mismatch_ctrl's verl plugin failed to load (ImportError" in done.stderr
+    assert "PluginLoadError: mismatch_ctrl's verl plugin failed to load (ModuleNotFoundError" in done.stderr
+    assert "mismatch_ctrl.controllers" in done.stderr
     assert "VERL_USE_EXTERNAL_PLUGINS=none" in done.stderr

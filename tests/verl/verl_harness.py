@@ -52,10 +52,11 @@ def _composed(overrides: tuple[str, ...]) -> Any:
     return compose_verl(*overrides)
 
 
-def compose_verl(*overrides: str) -> Any:
-    """verl's ``ppo_trainer`` config composed by Hydra from the wheel's config directory, as ``main_ppo`` does."""
+def compose_verl(*overrides: str, name: str = "ppo_trainer") -> Any:
+    """verl's ``name`` config (``ppo_trainer``; ``ppo_megatron_trainer`` for the Megatron backend) composed by Hydra
+    from the wheel's config directory, as ``main_ppo`` does."""
     with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
-        return compose("ppo_trainer", overrides=list(overrides))
+        return compose(name, overrides=list(overrides))
 
 
 def dense_model(tmp_path: Path) -> Path:
