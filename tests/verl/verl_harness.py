@@ -22,8 +22,9 @@ import transfer_queue as tq
 import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
-from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
+
+from mismatch_ctrl.verl.transport import LocalTransferQueue
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = REPO / "configs" / "methods"
@@ -67,33 +68,8 @@ def dense_model(tmp_path: Path) -> Path:
     return model
 
 
-def nested(rows: list[torch.Tensor]) -> torch.Tensor:
-    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-
-
-class FakeTransferQueue:
-    """``kv_batch_get`` / ``kv_batch_put`` over a dict: per key a dict of per-row tensors."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, dict[str, torch.Tensor]] = {}
-
-    def kv_batch_get(self, keys: list[str], partition_id: str, select_fields: list[str] | None = None) -> TensorDict:
-        fields = [f for f in (select_fields or self.rows[keys[0]]) if f in self.rows[keys[0]]]
-        out = {}
-        for field in fields:
-            rows = [self.rows[k][field] for k in keys]
-            out[field] = torch.stack(rows) if rows[0].dim() == 0 else nested(rows)
-        return TensorDict(out, batch_size=len(keys))
-
-    def kv_batch_put(self, keys: list[str], partition_id: str, fields: TensorDict | None = None,
-                     tags: list[dict] | None = None) -> KVBatchMeta:
-        if fields is not None:
-            for name in fields.keys():
-                value = fields[name]
-                rows = value.unbind(0)
-                for key, row in zip(keys, rows):
-                    self.rows.setdefault(key, {})[name] = row.clone()
-        return KVBatchMeta(partition_id=partition_id, keys=list(keys), tags=[{} for _ in keys])
+class FakeTransferQueue(LocalTransferQueue):
+    """The package's in-process TransferQueue, installed for one test by pytest's ``monkeypatch``."""
 
     def install(self, monkeypatch: Any) -> None:
         monkeypatch.setattr(tq, "kv_batch_get", self.kv_batch_get)
