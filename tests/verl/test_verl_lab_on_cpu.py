@@ -20,7 +20,7 @@ from mismatch_ctrl.lab.training.trainer import Trainer
 from mismatch_ctrl.lab.training.verl_trainer import VerlTrainer
 
 SETTINGS = dict(steps=4, prompts_per_step=4, samples_per_prompt=4, eval_every=2, eval_prompts=16, policy="dense",
-                seed=75)
+                seed=260)
 FAST_DECAY = {"lr_decay": {"enabled": True, "period": 1}}
 
 
