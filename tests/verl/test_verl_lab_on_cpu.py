@@ -1,6 +1,7 @@
 """The lab through the verl adapter matches the lab through the slime hooks run for run (same seed, same policy,
-same engine) for the methods whose computation the adapters own: GRPO, DC-GRPO, length decay. The strongest check
-that the two adapters share one core: every logged number of every rollout agrees to float tolerance."""
+same engine) for the methods whose computation the adapters own: GRPO, and DC-GRPO with length decay (T_d = 1, so the
+factor halves every rollout). The strongest check that the two adapters share one core: every logged number of
+every rollout agrees to float tolerance."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("method, quant", [("grpo", "e4m3"), ("dcgrpo", "e5m2"), ("length_decay", "e4m3")])
+@pytest.mark.parametrize("method, quant", [("grpo", "e4m3"), ("dcgrpo_length_decay", "e5m2")])
 def test_lab_through_verl_matches_the_slime_run(tmp_path, monkeypatch, method, quant):
-    if method == "length_decay":  # a factor within 4 rollouts: T_d = 1
-        section = {**method_section("length_decay"), **FAST_DECAY}
+    if method == "dcgrpo_length_decay":  # a factor within 4 rollouts: T_d = 1
+        section = {**method_section(method), **FAST_DECAY}
         for module in (slime_lab, verl_trainer):
             monkeypatch.setattr(module, "method_section", lambda name, section=section: section)
     state = policy_state()
@@ -56,9 +57,8 @@ def test_lab_through_verl_matches_the_slime_run(tmp_path, monkeypatch, method, q
             compared += 1
         assert not {k for k in verl if k not in slime}  # verl logs nothing the slime run does not
     assert compared > 60
-    if method == "dcgrpo":
+    if method == "dcgrpo_length_decay":
         assert len({r["lambda"] for r in runs["verl"]}) > 1  # the multiplier moved
-    if method == "length_decay":
         assert [r["lr_scale"] for r in runs["verl"]] == [1.0, 0.5, 0.25, 0.125]
         assert runs["verl"][-1]["train/lr"] == pytest.approx(1e-3 * 0.125)  # LabSettings.lr
 
