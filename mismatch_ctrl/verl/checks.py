@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from ..config import Config
 from ..errors import ConfigError
 from ..formatting import brief
+from ..presets import PRESETS
 from ..verl_vocabulary import PRESET_KEYS, VERL_KEYS, VERL_VERSION, verl_keys
 
 log = logging.getLogger("mismatch_ctrl")
@@ -48,14 +49,9 @@ def get(cfg: Any, dotted: str, default: Any = None) -> Any:
 def correction_keys(config: Config) -> dict[str, Any] | None:
     """verl's ``rollout_correction`` values for the configured correction (the preset's row of the table, or the
     same rule for custom settings); None when mismatch_ctrl runs it on verl's driver."""
-    if config.correction_preset != "none" and config.correction == _preset_spec(config.correction_preset):
+    if config.correction_preset != "none" and config.correction == PRESETS[config.correction_preset]:
         return PRESET_KEYS[config.correction_preset]
     return verl_keys(config.correction)
-
-
-def _preset_spec(name: str) -> Any:
-    from ..presets import PRESETS
-    return PRESETS[name]
 
 
 def _same(a: Any, b: Any) -> bool:

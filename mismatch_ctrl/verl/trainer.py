@@ -119,8 +119,8 @@ def check_inputs(inputs: Any) -> None:
     lengths = inputs["response_mask"].offsets().diff()
     for field in INPUTS[1:]:
         other = inputs[field].offsets().diff()
-        if other.shape != lengths.shape or not torch.equal(other, lengths):
-            row = int((other != lengths).nonzero()[0]) if other.shape == lengths.shape else 0
+        if not torch.equal(other, lengths):
+            row = int((other != lengths).nonzero()[0])
             raise InputError(f"response {row}: {field} has {int(other[row])} tokens but response_mask has "
                              f"{int(lengths[row])}; the trainer and the rollout engine must score exactly the "
                              "response tokens")

@@ -8,7 +8,7 @@ import pytest
 from import_graph import PACKAGE, imports_of, module_name
 
 FRAMEWORKS = ("verl", "transfer_queue", "ray", "hydra", "omegaconf", "tensordict", "megatron", "slime", "sglang")
-VERL_FREE = ("checks", "lr", "runtime", "__init__")
+VERL_FREE = ("checks", "lr", "recipe", "runtime", "__init__")
 """mismatch_ctrl.verl modules that must import without verl (the trainer hands them plain tensors and configs)."""
 
 
