@@ -9,6 +9,8 @@ The rules, read in verl 0.9.1 (paths under ``verl/``):
 - ``rollout.calculate_log_probs: false`` leaves ``rollout_log_probs`` out of the batch (``:1679-1680``).
 - DC-GRPO shapes a per-sequence advantage: verl's ``grpo`` (the v1 trainer's multi-trajectory path,
   ``trainer/ppo/v1/utils.py:148-217``).
+- ``trainer.v1.trainer_mode`` other than the adapter's runs verl's own trainer (the async ones on stale policies),
+  which never reads the YAML.
 - ``parameter_sync_step > 1`` runs the advantage step several times per step on stale log-probs
   (``trainer_base.py:533-560``): the dual update is once per step.
 - A preset verl computes natively must be verl's own ``algorithm.rollout_correction`` keys (the one table,
@@ -85,6 +87,12 @@ def check_verl_config(cfg: Any, config: Config) -> None:
     if get(cfg, "trainer.use_v1", True) is not True:
         raise ConfigError("trainer.use_v1=false runs verl's deprecated legacy trainer, which mismatch_ctrl does not "
                           "plug into: set trainer.use_v1=true")
+    mode = get(cfg, "trainer.v1.trainer_mode", "sync")
+    if mode != TRAINER_MODE:
+        stale = "its staleness is not handled by mismatch_ctrl; " if "async" in str(mode) else ""
+        raise ConfigError(f"trainer.v1.trainer_mode={brief(mode)} runs verl's own trainer, which ignores {CONFIG_KEY} "
+                          f"({stale}the adapter runs verl's synchronous trainer): set "
+                          f"trainer.v1.trainer_mode={TRAINER_MODE}")
     sync = get(cfg, "trainer.v1.sync.parameter_sync_step", 1)
     if sync not in (None, 1):
         raise ConfigError(f"trainer.v1.sync.parameter_sync_step={brief(sync)}: mismatch_ctrl updates its controllers "

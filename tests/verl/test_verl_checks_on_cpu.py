@@ -32,6 +32,7 @@ DCGRPO = {"dcgrpo": {"enabled": True}}
     ("algorithm.adv_estimator=reinforce_plus_plus", "set algorithm.adv_estimator=grpo"),
     ("trainer.use_v1=false", "set trainer.use_v1=true"),
     ("+trainer.v1.sync.parameter_sync_step=2", "stale batches are not handled"),
+    ("trainer.v1.trainer_mode=separate_async", "staleness is not handled.*set trainer.v1.trainer_mode=mismatch_ctrl"),
 ])
 def test_settings_under_which_dcgrpo_would_not_run_are_refused(tmp_path, override, fix):
     config = verl_config(override, method=method(tmp_path, **DCGRPO))
