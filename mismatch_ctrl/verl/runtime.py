@@ -42,6 +42,18 @@ class StepOutput:
     is_weights: torch.Tensor | None
     metrics: dict[str, float]
 
+    def widened(self, tokens: torch.Tensor, advantages: torch.Tensor, trained_mask: torch.Tensor) -> StepOutput:
+        """This output of the ``tokens`` (a boolean selector) of a larger batch, over the larger batch: verl's
+        ``advantages`` and ``trained_mask`` elsewhere, weight 0 elsewhere."""
+        def put(base: torch.Tensor, part: torch.Tensor | None) -> torch.Tensor | None:
+            if part is None:
+                return None
+            out = base.to(part.dtype, copy=True)
+            out[tokens] = part
+            return out
+        return StepOutput(put(advantages, self.advantages), put(trained_mask, self.response_mask),
+                          put(torch.zeros_like(advantages), self.is_weights), self.metrics)
+
 
 def read_config(cfg: Any) -> Config:
     """The method YAML named by ``mismatch_ctrl.config`` in verl's config, with the architecture defaults of the
@@ -83,14 +95,28 @@ class VerlRuntime:
 
     def step(self, global_step: int, sizes: Sequence[int], old_log_probs: torch.Tensor,
              rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, advantages: torch.Tensor,
-             trained_mask: torch.Tensor, max_response_length: int | None = None) -> StepOutput:
+             trained_mask: torch.Tensor, max_response_length: int | None = None,
+             samples: Sequence[bool] | None = None) -> StepOutput:
         """Advance the controllers by verl's step ``global_step`` over the whole batch.
+
+        ``samples`` (one per response; None: all) says which responses are samples: verl pads a batch that its
+        data-parallel and mini-batch sizes do not divide with synthetic one-token responses without trained tokens
+        (``trainer/ppo/padding_utils.py:144-215``, tagged ``is_padding``), which must not count as sequences in
+        ``C_bar``, the mean response length or the mismatch metrics; their outputs stay verl's (weight 0).
 
         ``response_mask`` is the mask before verl's rollout correction (the tokens both engines scored: ``C_bar`` is
         over them, as on slime); ``advantages`` and ``trained_mask`` are verl's after its correction and GRPO
         (``A_i`` is read at a sequence's trained tokens, where verl writes it; a sequence verl rejected whole has
         none and counts ``A_i = 0``). Returns ``A_i - penalty`` at the trained tokens (0 elsewhere) when DC-GRPO is
         on, and the weights and mask of a correction verl cannot express."""
+        if samples is not None and not all(samples):
+            device = old_log_probs.device
+            tokens = torch.tensor([bool(s) for s in samples], device=device).repeat_interleave(
+                torch.tensor(list(sizes), device=device))
+            part = self.step(global_step, [n for n, s in zip(sizes, samples) if s], old_log_probs[tokens],
+                             rollout_log_probs[tokens], response_mask[tokens], advantages[tokens], trained_mask[tokens],
+                             max_response_length)
+            return part.widened(tokens, advantages, trained_mask)
         segments = Segments(sizes, device=old_log_probs.device)
         batch = TokenBatch.build(segments, old_log_probs.float(), rollout_log_probs.float(), response_mask,
                                  self.config.nonfinite)

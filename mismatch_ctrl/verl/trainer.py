@@ -7,7 +7,8 @@ Selected by ``trainer.v1.trainer_mode=mismatch_ctrl`` (registered by :mod:`misma
 - ``_compute_advantage`` (``:1743-1802``): reads ``response_mask``, ``old_log_probs`` and ``rollout_log_probs``
   before verl's correction changes the mask, lets verl run its rollout correction and GRPO unchanged, then hands
   the whole batch to :meth:`~mismatch_ctrl.verl.runtime.VerlRuntime.step` (DC-GRPO, dual update, surge detector,
-  LR factor; a correction verl cannot express) and writes back what it changed. Metrics go to verl's logger as
+  LR factor; a correction verl cannot express; the synthetic padding responses verl's ``_balance_batch`` adds,
+  tagged ``is_padding``, are no samples there) and writes back what it changed. Metrics go to verl's logger as
   ``mismatch_ctrl/<name>`` beside verl's ``rollout_corr/*``.
 - ``_update_actor`` (``:1827-1866``): sends the LR factor of the step to the workers in ``extra_info``
   (:mod:`mismatch_ctrl.verl.workers` applies it) when length decay is on.
@@ -70,6 +71,7 @@ class MismatchCtrlTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         inputs = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=INPUTS)
         check_inputs(inputs)
+        samples = [not tag.get("is_padding", False) for tag in batch.tags]
         batch = super()._compute_advantage(batch, metrics)
         verl_out = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=["advantages", "response_mask"])
@@ -78,7 +80,7 @@ class MismatchCtrlTrainer(PPOTrainerSync):
         out = self.mismatch_ctrl.step(
             self.global_steps, sizes, inputs["old_log_probs"].values(), inputs["rollout_log_probs"].values(),
             mask.values(), verl_out["advantages"].values(), verl_out["response_mask"].values(),
-            max_response_length=self.config.data.get("max_response_length"))
+            max_response_length=self.config.data.get("max_response_length"), samples=samples)
         metrics.update(out.metrics)
         fields = {}
         if out.advantages is not None:

@@ -3,7 +3,8 @@
 transport, the one part of verl the CPU lab (``mismatch_ctrl.lab.training.verl_trainer``) and the tests replace.
 
 Rows are kept per response key, field by field, as verl's jagged layout holds them (one 1-D tensor per response;
-a 0-d tensor per response for ``uid``); a get returns the requested fields as a ``TensorDict`` of jagged tensors.
+a 0-d tensor per response for ``uid``), with each key's tags; a get returns the requested fields as a ``TensorDict``
+of jagged tensors, a put the keys with their stored tags (as TransferQueue's does: verl reads ``is_padding`` there).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class LocalTransferQueue:
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[str, torch.Tensor]] = {}
+        self.tags: dict[str, dict] = {}
 
     def kv_batch_get(self, keys: list[str], partition_id: str, select_fields: list[str] | None = None) -> TensorDict:
         fields = [f for f in (select_fields or self.rows[keys[0]]) if f in self.rows[keys[0]]]
@@ -38,7 +40,9 @@ class LocalTransferQueue:
             for name in fields.keys():
                 for key, row in zip(keys, fields[name].unbind(0)):
                     self.rows.setdefault(key, {})[name] = row.clone()
-        return KVBatchMeta(partition_id=partition_id, keys=list(keys), tags=[{} for _ in keys])
+        for key, tag in zip(keys, tags or [{}] * len(keys)):
+            self.tags.setdefault(key, {}).update(tag)
+        return KVBatchMeta(partition_id=partition_id, keys=list(keys), tags=[dict(self.tags[k]) for k in keys])
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[LocalTransferQueue]:

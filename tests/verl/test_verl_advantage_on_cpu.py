@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 import yaml
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.padding_utils import construct_minimal_padding_template
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from mismatch_ctrl.errors import InputError
@@ -127,3 +129,34 @@ def test_mismatched_lengths_name_the_field(tmp_path, monkeypatch):
     queue.rows[key]["rollout_log_probs"] = torch.cat([queue.rows[key]["rollout_log_probs"], torch.zeros(2)])
     with pytest.raises(InputError, match="response 0: rollout_log_probs has .* tokens but response_mask has"):
         trainer._compute_advantage(step.meta(), {})
+
+
+def test_verls_padding_responses_are_no_samples(tmp_path, monkeypatch):
+    """verl pads a batch its data-parallel and mini-batch sizes do not divide with synthetic one-token responses
+    (verl's own template, tagged ``is_padding``; ``_balance_batch``): the controllers' step over the padded batch is
+    the step over its samples (``C_bar``, lambda, mean length, every metric), the samples' advantages are the same,
+    and the padding keeps verl's zero advantage."""
+    config = verl_config(method=write_method(tmp_path, PAPER))
+    step = make_step(95)
+    runs = []
+    for pads in (0, 3):
+        queue = FakeTransferQueue()
+        queue.install(monkeypatch)
+        load_step(queue, step)
+        meta = step.meta()
+        template, tag = construct_minimal_padding_template(queue.rows[step.keys[0]], {}, eos_token_id=2)
+        keys = [f"pad_{i}_0" for i in range(pads)]
+        for key in keys:  # the worker's recompute scores the padding's one token too
+            queue.rows[key] = {"response_mask": template["response_mask"], "rm_scores": template["rm_scores"],
+                               "rollout_log_probs": template["rollout_log_probs"], "uid": torch.tensor(-1),
+                               "old_log_probs": torch.tensor([-0.7])}
+        assert tag["is_padding"] and not template["response_mask"].any()
+        meta = KVBatchMeta(partition_id="train", keys=meta.keys + keys, tags=meta.tags + [tag] * pads)
+        metrics = {}
+        adapter(config)._compute_advantage(meta, metrics)
+        runs.append(({k: v for k, v in metrics.items() if k.startswith("mismatch_ctrl/")}, queue.rows))
+    (plain, plain_rows), (padded, padded_rows) = runs
+    assert padded == plain and plain["mismatch_ctrl/discrepancy"] > 0
+    for key in step.keys:
+        torch.testing.assert_close(padded_rows[key]["advantages"], plain_rows[key]["advantages"], rtol=0, atol=0)
+    assert all(not padded_rows[f"pad_{i}_0"]["advantages"].any() for i in range(3))
