@@ -8,10 +8,12 @@ changed (a checkpoint of the optimizer and scheduler resumes exactly as without 
 - FSDP (``torch.optim.lr_scheduler.LambdaLR``, verl's constant / cosine with warmup): ``lr_i = base_lrs[i] *
   lr_lambdas[i](last_epoch) * s``; the scheduler's next ``step()`` writes the unscaled value back, and the next
   update scales it again.
-- Megatron (megatron-core's ``OptimizerParamScheduler``): as the slime hook does, ``max_lr = sched.max_lr * s`` and
-  ``min_lr = sched.min_lr * s`` in every group (``get_lr(group)`` reads these keys first) and ``lr =
-  sched.get_lr(group)``; the scheduler's own ``max_lr`` / ``min_lr`` stay. Groups with their own schedule
-  (``default_config`` false) are refused, as on slime.
+- Megatron (megatron-core's ``OptimizerParamScheduler``): the slime hook's rule
+  (:func:`~mismatch_ctrl.lr_schedule.scale_scheduled_groups`), ``max_lr = sched.max_lr * s`` and ``min_lr =
+  sched.min_lr * s`` in every group (``get_lr(group)`` reads these keys first) and ``lr = sched.get_lr(group)``; the
+  scheduler's own ``max_lr`` / ``min_lr`` stay. Groups with their own schedule (``default_config`` false) are
+  refused. The scaled group keys stay until the next update, so verl's logged ``actor/lr`` (the first group's
+  ``lr`` after the scheduler's step) shows the factor here, unlike under FSDP.
 
 Both are idempotent (a retried update applies the same values) and right after a resume.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..formatting import brief
+from ..lr_schedule import scale_scheduled_groups
 
 
 def _scale(value: Any) -> float:
@@ -45,13 +48,7 @@ def apply_lr_scale(optimizer: Any, scheduler: Any, scale: float) -> None:
         for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * factor(scheduler.last_epoch) * scale
     elif callable(getattr(scheduler, "get_lr", None)) and hasattr(scheduler, "max_lr"):
-        for group in groups:
-            if group.get("default_config", True) is False:
-                raise ConfigError("lr_decay: a param group has its own LR schedule (megatron param-group overrides); "
-                                  "the length-decay factor can only scale the default optim.lr / min_lr schedule")
-            group["max_lr"] = scheduler.max_lr * scale
-            group["min_lr"] = scheduler.min_lr * scale
-            group["lr"] = scheduler.get_lr(group)
+        scale_scheduled_groups(groups, scheduler, scheduler.max_lr, scheduler.min_lr, scale, "optim.lr / min_lr")
     else:
         raise ConfigError(f"lr_decay: the LR scheduler ({type(scheduler).__name__}) is neither a LambdaLR (verl's FSDP "
                           "engine) nor megatron-core's OptimizerParamScheduler (verl's Megatron engine); the factor "

@@ -18,9 +18,9 @@ import torch
 
 from ..batch import Segments, TokenBatch
 from ..config import ROOT_KEY, Config, load_config
-from ..controllers import ControllerSet
+from ..controllers import ControllerSet, restore
 from ..correction import CorrectionSpec, apply_correction
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from ..state import StateStore
 from .checks import CONFIG_KEY, check_verl_config, correction_keys, get
 
@@ -150,20 +150,8 @@ class VerlRuntime:
     def resume(self, step_folder: str | Path, global_step: int) -> None:
         """Restore the state saved with verl's checkpoint ``global_step_{global_step}`` (validated against the
         configuration as on slime; ``state.resume: fresh`` starts afresh with a warning instead of an error)."""
-        store = StateStore(Path(step_folder) / STATE_DIR)
         rollout = global_step - 1
-        controllers = ControllerSet(self.config)
-        try:
-            controllers.load_state_dict(store.load(rollout), f"{store.path(rollout)}: state")
-            if controllers.last_rollout != rollout:
-                raise StateError(f"{store.path(rollout)}: state.last_rollout: {controllers.last_rollout}, but the "
-                                 f"file is the state after verl's step {global_step} (rollout {rollout}): it was "
-                                 "edited or copied from another checkpoint")
-        except StateError as exc:
-            if self.config.state.resume != "fresh":
-                raise StateError(f"{exc} To start the controllers from their initial values on purpose, set "
-                                 "mismatch_ctrl.state.resume: fresh") from None
-            log.warning("mismatch_ctrl: %s; state.resume=fresh: starting the controllers afresh", exc)
-            return
-        self.controllers = controllers
-        log.info("mismatch_ctrl: restored controller state of verl step %d from %s", global_step, step_folder)
+        self.controllers = restore(self.config, StateStore(Path(step_folder) / STATE_DIR), rollout,
+                                   f"verl's step {global_step} (rollout {rollout})")
+        if self.controllers.last_rollout is not None:
+            log.info("mismatch_ctrl: restored controller state of verl step %d from %s", global_step, step_folder)
