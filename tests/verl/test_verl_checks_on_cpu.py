@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 import yaml
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from mismatch_ctrl.errors import ConfigError
 from mismatch_ctrl.verl.checks import check_version, overrides
@@ -84,6 +85,8 @@ def test_verls_own_constructor_runs_the_checks_and_keeps_sync_mode(tmp_path):
     config = verl_config(method=method(tmp_path, **DCGRPO))
     trainer = MismatchCtrlTrainer(config)
     assert trainer.trainer_mode == "sync" and config.trainer.v1.trainer_mode == "sync"
+    # verl's __init__ took its "sync" branches: the synchronous replay buffer, one advantage step per training step
+    assert type(trainer.replay_buffer) is ReplayBuffer and trainer.parameter_sync_step == 1
     assert trainer.mismatch_ctrl.config.dcgrpo.enabled
     with pytest.raises(ConfigError, match="bypass_mode=false"):
         MismatchCtrlTrainer(verl_config("algorithm.rollout_correction.bypass_mode=true",
