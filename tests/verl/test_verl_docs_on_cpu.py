@@ -14,14 +14,22 @@ from mismatch_ctrl.verl_vocabulary import PRESET_KEYS
 from verl_harness import REPO, compose_verl, dense_model
 
 PAGE = (REPO / "docs" / "verl.md").read_text()
+README_SECTION = (REPO / "README.md").read_text().split("## Use mismatch_ctrl in your verl run")[1].split("\n## ")[0]
 
 
-def shown_overrides():
-    """Every ``key=value`` word of the page's bash blocks (continuation lines joined, the command itself left out)."""
+def shown_overrides(text=PAGE):
+    """Every ``key=value`` word of the text's bash blocks (continuation lines joined, the command itself left out)."""
     words = []
-    for block in re.findall(r"```bash\n(.*?)```", PAGE, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         words += [w for w in shlex.split(block.replace("\\\n", " ")) if "=" in w and not w.startswith("-")]
     return words
+
+
+def test_the_readmes_overrides_are_the_pages():
+    """README's verl section shows a subset of the page's overrides (the YAML at the docker image's path), which the
+    next test composes and runs."""
+    words = [w.replace("/workspace/mismatch-ctrl/", "") for w in shown_overrides(README_SECTION)]
+    assert "trainer.v1.trainer_mode=mismatch_ctrl" in words and set(words) <= set(shown_overrides())
 
 
 def test_every_override_shown_composes_with_verls_config_and_runs(tmp_path, monkeypatch):
