@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from .recipe import RECIPES, overrides, settings, usage
+from .recipe import CONFIG_NAME, RECIPES, overrides, settings, usage
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -89,8 +89,8 @@ def check(cfg: Any) -> None:
         raise ConfigError(f"verl's validate_config refuses the configuration: {exc}") from None
 
 
-def command(config_name: str, words: Sequence[str]) -> list[str]:
-    return ["python3", "-m", "verl.trainer.main_ppo", "--config-name", config_name, *words]
+def command(words: Sequence[str]) -> list[str]:
+    return ["python3", "-m", "verl.trainer.main_ppo", "--config-name", CONFIG_NAME, *words]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,7 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--help" in options or "-h" in options:
         print(usage(name, args.model))
         return 0
-    recipe = RECIPES[args.model]
     try:
         values = settings(args.model, os.environ, REPO_ROOT)
     except ValueError as exc:
@@ -127,11 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     words = [*overrides(args.model, values), *extra]
     try:
-        check(compose(recipe.config_name, words))
+        check(compose(CONFIG_NAME, words))
     except ConfigError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    cmd = command(recipe.config_name, words)
+    cmd = command(words)
     if "--dry-run" in options:
         print(" \\\n  ".join(shlex.quote(w) for w in cmd))
         return 0

@@ -18,11 +18,15 @@ from .checks import CONFIG_KEY, TRAINER_MODE
 EVAL_SETS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 
 
+CONFIG_NAME = "ppo_trainer"
+"""verl's config for both backends: the Megatron one is ``model_engine=megatron`` (0.9.1's ``ppo_megatron_trainer.yaml``
+is that, kept only for backward compatibility: its first line says so)."""
+
+
 @dataclass(frozen=True)
 class VerlRecipe:
-    """One model's launcher: verl's config name, the defaults of its settings, and its backend's overrides."""
+    """One model's launcher: the defaults of its settings and its backend's overrides."""
 
-    config_name: str
     hf_name: str
     defaults: Mapping[str, str]
     backend: Callable[[Mapping[str, str]], list[str]]
@@ -37,8 +41,8 @@ def _fsdp(v: Mapping[str, str]) -> list[str]:
 
 def _megatron(v: Mapping[str, str]) -> list[str]:
     mc = "actor_rollout_ref.actor.megatron"
-    out = [f"{mc}.tensor_model_parallel_size={v['TP']}", f"{mc}.expert_model_parallel_size={v['EP']}",
-           f"{mc}.expert_tensor_parallel_size={v['ETP']}",
+    out = ["model_engine=megatron", f"{mc}.tensor_model_parallel_size={v['TP']}",
+           f"{mc}.expert_model_parallel_size={v['EP']}", f"{mc}.expert_tensor_parallel_size={v['ETP']}",
            f"{mc}.pipeline_model_parallel_size={v['PP']}", f"{mc}.sequence_parallel={str(int(v['TP']) > 1).lower()}",
            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={v['MAX_TOKENS_PER_GPU']}"]
     if v["ROUTING_REPLAY"] == "1":
@@ -47,8 +51,8 @@ def _megatron(v: Mapping[str, str]) -> list[str]:
 
 
 RECIPES: dict[str, VerlRecipe] = {
-    "qwen3_8b": VerlRecipe("ppo_trainer", "Qwen3-8B", {"ROLLOUT_TP": "2", "MAX_TOKENS_PER_GPU": "16384"}, _fsdp),
-    "qwen3_30b_a3b": VerlRecipe("ppo_megatron_trainer", "Qwen3-30B-A3B",
+    "qwen3_8b": VerlRecipe("Qwen3-8B", {"ROLLOUT_TP": "2", "MAX_TOKENS_PER_GPU": "16384"}, _fsdp),
+    "qwen3_30b_a3b": VerlRecipe("Qwen3-30B-A3B",
                                 {"ROLLOUT_TP": "4", "TP": "2", "EP": "8", "ETP": "1", "PP": "1", "ROUTING_REPLAY": "0",
                                  "MAX_TOKENS_PER_GPU": "20480"}, _megatron),
 }
@@ -137,7 +141,7 @@ def overrides(model: str, v: Mapping[str, str]) -> list[str]:
 def usage(launcher: str, model: str) -> str:
     recipe = RECIPES[model]
     lines = [f"usage: {launcher} [--help] [--prepare] [--dry-run] [-- HYDRA_OVERRIDE ...]", "",
-             f"{recipe.hf_name} with mismatch_ctrl on verl 0.9.1 ({recipe.config_name}; docs/verl.md).",
+             f"{recipe.hf_name} with mismatch_ctrl on verl 0.9.1 (its {CONFIG_NAME} config; docs/verl.md).",
              "  --prepare   the recipe's data (DAPO-Math-17k, six benchmarks) as verl parquet in DATA_DIR/verl",
              "  --dry-run   compose verl's config from the installed wheel with every override (an override verl's",
              "              schema does not know is refused), apply the adapter's and verl's checks, print the command",

@@ -11,7 +11,7 @@ import pytest
 
 from mismatch_ctrl.verl.launch import main
 
-LAUNCHERS = {"qwen3_8b": ("ppo_trainer", 0), "qwen3_30b_a3b": ("ppo_megatron_trainer", 128)}
+LAUNCHERS = {"qwen3_8b": 0, "qwen3_30b_a3b": 128}
 
 
 @pytest.fixture
@@ -37,12 +37,13 @@ def dry_run(monkeypatch, capsys, model, model_path, *extra, **env):
 
 @pytest.mark.parametrize("model", sorted(LAUNCHERS))
 def test_dry_run_composes_with_verls_config_and_prints_the_command(monkeypatch, capsys, model_dir, model):
-    config_name, experts = LAUNCHERS[model]
+    experts = LAUNCHERS[model]
     code, out, err = dry_run(monkeypatch, capsys, model, model_dir(experts), ROUTING_REPLAY="1")
     assert code == 0, err
     words = shlex.split(out.replace("\\\n", " "))
-    assert words[:5] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name", config_name]
+    assert words[:5] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name", "ppo_trainer"]
     assert "trainer.v1.trainer_mode=mismatch_ctrl" in words and "actor_rollout_ref.rollout.quantization=fp8" in words
+    assert ("model_engine=megatron" in words) == bool(experts)
     if experts:
         assert "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8" in words
         assert "actor_rollout_ref.actor.megatron.router_replay.mode=R3" in words

@@ -41,11 +41,11 @@ def fsdp(opt, kind):
 
 @functools.lru_cache(maxsize=None)
 def megatron_optim():
-    return compose_verl("actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.optim.min_lr=1e-4",
-                         "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
-                         "actor_rollout_ref.actor.optim.lr_decay_style=cosine",
-                         "actor_rollout_ref.actor.optim.total_training_steps=8",
-                        name="ppo_megatron_trainer").actor_rollout_ref.actor.optim
+    optim = "actor_rollout_ref.actor.optim"
+    config = compose_verl("model_engine=megatron", f"{optim}.lr=1e-3", f"{optim}.min_lr=1e-4",
+                          f"{optim}.lr_warmup_steps=2", f"{optim}.lr_decay_style=cosine",
+                          f"{optim}.total_training_steps=8")
+    return config.actor_rollout_ref.actor.optim
 
 
 def megatron(opt):

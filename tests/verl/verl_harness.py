@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import transfer_queue as tq
-import verl
-from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
 
+from mismatch_ctrl.verl.launch import compose
+from mismatch_ctrl.verl.recipe import CONFIG_NAME
 from mismatch_ctrl.verl.transport import LocalTransferQueue
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = REPO / "configs" / "methods"
-VERL_CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 GROUP = 4
 
 
@@ -53,11 +51,10 @@ def _composed(overrides: tuple[str, ...]) -> Any:
     return compose_verl(*overrides)
 
 
-def compose_verl(*overrides: str, name: str = "ppo_trainer") -> Any:
-    """verl's ``name`` config (``ppo_trainer``; ``ppo_megatron_trainer`` for the Megatron backend) composed by Hydra
-    from the wheel's config directory, as ``main_ppo`` does."""
-    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
-        return compose(name, overrides=list(overrides))
+def compose_verl(*overrides: str) -> Any:
+    """verl's ``ppo_trainer`` config (``model_engine=megatron`` among the overrides for the Megatron backend) composed
+    by Hydra from the wheel's config directory, as ``main_ppo`` and the launchers' dry run do."""
+    return compose(CONFIG_NAME, overrides)
 
 
 def dense_model(tmp_path: Path) -> Path:

@@ -32,6 +32,7 @@ from verl.utils.torch_functional import get_constant_schedule_with_warmup
 from ...config import build_config
 from ...verl.launch import compose
 from ...verl.lr import apply_lr_scale
+from ...verl.recipe import CONFIG_NAME
 from ...verl.runtime import VerlRuntime, read_config
 from ...verl.trainer import MismatchCtrlTrainer
 from ...verl.transport import LocalTransferQueue
@@ -64,7 +65,7 @@ class VerlTrainer(Trainer):
         (model / "config.json").write_text(json.dumps({"model_type": "lab", "num_experts":
                                                        self.policy.config.n_experts}))
         s = self.settings
-        config = compose("ppo_trainer", [
+        config = compose(CONFIG_NAME, [
             "trainer.v1.trainer_mode=mismatch_ctrl", f"+mismatch_ctrl.config={method}",
             "algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={model}",
             f"data.max_response_length={self.max_new}", f"actor_rollout_ref.rollout.n={s.samples_per_prompt}",
