@@ -144,10 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lab output directories (the --out of mismatch-ctrl lab)")
     compare.add_argument("--metric", default="late_acc_engine", choices=[key for key, _ in VERSUS],
                          help="the per-run number compared (default: late_acc_engine)")
-    compare.add_argument("--against", choices=("grpo", "exact"), default="grpo",
+    compare.add_argument("--against", type=options.reference_run, default="grpo",
                          help="the reference of each run: grpo (GRPO on the same engine, grpo@<engine>: what a "
-                              "controller adds) or exact (grpo@none, else the run's own @none: what the engine's "
-                              "mismatch costs, as the frontier) (default: grpo; --pairs always uses grpo)")
+                              "controller adds), exact (grpo@none, else the run's own @none: what the engine's "
+                              "mismatch costs, as the frontier) or a run label such as grpo@fp16+train-fp16 (each "
+                              "run against that run of its directory) (default: grpo; --pairs always uses grpo)")
     compare.add_argument("--pairs", action="store_true",
                          help="directories in pairs A B (A: the reference setting, B: one setting changed): gains in "
                               "A and B and their difference per run")

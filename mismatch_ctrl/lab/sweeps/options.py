@@ -168,6 +168,22 @@ def quant_list(text: str) -> str:
     return ",".join(modes)
 
 
+def reference_run(text: str) -> str:
+    """``lab compare --against``: ``grpo``, ``exact`` or a run label ``METHOD@ENGINE[+r3]`` (its engine by its
+    canonical name, as run folders are named)."""
+    if text in ("grpo", "exact"):
+        return text
+    method, at, engine = text.strip().removesuffix("+r3").partition("@")
+    if not (method and at and engine):
+        raise argparse.ArgumentTypeError(f"expected grpo, exact or a run label METHOD@ENGINE[+r3] such as "
+                                         f"grpo@fp16+train-fp16, got {clip(text, 80)!r}")
+    try:
+        mode = as_quant_config(engine).mode
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"{method}@{mode}" + ("+r3" if text.strip().endswith("+r3") else "")
+
+
 def device_name(text: str) -> str:
     """``auto`` (resolved per policy by :func:`~mismatch_ctrl.lab.training.settings.auto_device`), ``cpu`` or ``cuda``
     (refused without a CUDA GPU)."""
