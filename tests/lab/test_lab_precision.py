@@ -259,6 +259,8 @@ def trained_rollout(trainer: Trainer) -> dict:
 
 def test_fp16_training_scales_its_loss_and_skips_the_steps_whose_gradients_overflow(tmp_path):
     trainer = Trainer(RunSpec.parse("grpo@fp16+train-fp16", "e4m3", 4), SMALL, moe_state(), tmp_path)
+    assert trainer.scaler.scale == 2.0**16  # the lab's first scale (LAB_INITIAL_LOSS_SCALE)
+    trainer.scaler.scale = 2.0**32  # Megatron's first scale
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     first = trained_rollout(trainer)
     # 2^32 times the loss overflows the float16 gradients: both steps skipped, no update; Megatron's hysteresis 2

@@ -87,7 +87,8 @@ HOOKS = {
 # Flags checked by hand against slime 624b824a (slime/utils/arguments.py, incl. reset_arg), Megatron-LM 1dcf0daf
 # (parser built from megatron/training/arguments.py; --fp8-format, --fp8-recipe and --transformer-impl are
 # TransformerConfig fields there, --fp16 a ModelParallelConfig field, megatron/core/model_parallel_config.py:109,
-# which Megatron's own parse_args reads as fp16 = True) and SGLang 0.5.15.post1 server args passed through as --sglang-<arg>
+# which Megatron's own parse_args reads as fp16 = True) and SGLang 0.5.15.post1 server args passed through as
+# --sglang-<arg>
 # (python/sglang/srt/server_args.py: ep_size -> --ep-size, cuda_graph_bs_decode -> --cuda-graph-bs-decode).
 KNOWN_TRAIN_FLAGS = frozenset("""
 --actor-num-nodes --actor-num-gpus-per-node --num-gpus-per-node --colocate

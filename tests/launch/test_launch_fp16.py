@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_harness import FP8_QUANTIZATION, REPO, Sandbox, options, split_submit
+from launch_harness import FP8_QUANTIZATION, REPO, Sandbox, needs_the_recipe_imports, options, split_submit
+from slime_parsers import write_parsers
 from mismatch_ctrl.launch.main import served_checkpoint, engine_shape
 from mismatch_ctrl.launch.memory import GB, estimate, rollout_cost_lines
 from mismatch_ctrl.launch.model_shape import read_model_args
@@ -154,3 +155,24 @@ def test_run_names_and_help_name_the_precision() -> None:
         "MODEL_DIR"
     assert settings("bf16").rollout_checkpoint == "FP8_HF_DIR" == settings("fp8").rollout_checkpoint
     assert settings("fp16").problems() == []
+
+
+@pytest.mark.parametrize("extra, error", [
+    (["--initial-loss-scale", "65536"], None),  # Megatron's flag, read as written: submitted
+    (["--initial-loss-scal", "65536"], "--initial-loss-scal after -- is not a flag of slime at SLIME_DIR="),
+])
+def test_the_fp16_launch_reads_its_flags_through_slimes_parsers(sandbox: Sandbox, extra, error) -> None:
+    """The full launch (not --dry-run): preflight, the flags after -- through slime's three parsing functions
+    (stand-ins that know --fp16 and --initial-loss-scale, tests/launch/slime_parsers.py), then ray job submit."""
+    needs_the_recipe_imports()
+    sandbox.add_nvidia_smi(gpus=8)
+    sandbox.add_ray(reachable=True, cluster_gpus=8)
+    env = sandbox.make_cluster()
+    write_parsers(Path(env["SLIME_DIR"]), Path(env["MEGATRON_DIR"]))
+    result = sandbox.run("qwen3_30b_fp16_aligned.sh", "--", *extra, env=env)
+    submits = [call for call in sandbox.calls("ray") if call[:2] == ["job", "submit"]]
+    if error is None:
+        assert result.returncode == 0 and len(submits) == 1, result.stderr
+        assert "--fp16" in submits[0] and submits[0][submits[0].index("--hf-checkpoint") + 1] == env["MODEL_DIR"]
+    else:
+        assert result.returncode == 1 and error in result.stderr and not submits, result.stderr

@@ -201,6 +201,14 @@ def precision_model(policy: nn.Module, precision: str) -> nn.Module:
     return model
 
 
+LAB_INITIAL_LOSS_SCALE = 2.0**16
+"""The lab trainer's first loss scale: ``torch.amp.GradScaler``'s default, which the lab's gradients never overflow
+(seed 150, 8 rollouts at K = 4: no step skipped). From Megatron's 2^32 the same run skipped its first 12 optimizer
+steps (3 rollouts) and one more at rollout 5 while the scale came down to 2^20; in the lab's chaotic K = 4 regime
+that early pause would confound the FP16 arm. The cluster launcher keeps Megatron's default, where such steps are a
+small share of a run of thousands."""
+
+
 class DynamicLossScaler:
     """Megatron's dynamic loss scaling for ``--fp16`` (Megatron-LM 1dcf0daf ``megatron/core/optimizer/grad_scaler.py``
     ``DynamicGradScaler``, built in ``megatron/core/optimizer/__init__.py:419-444`` with the defaults of

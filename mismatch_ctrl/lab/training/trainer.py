@@ -15,7 +15,8 @@ One rollout (= one training iteration), as in slime with ``--colocate``:
 
 The trainer computes in fp32, or in the precision its dose names (``+train-bf16`` / ``+train-fp16``:
 ``model.precision``): the recompute of step 3 and the training forwards run there, FP16 with Megatron's dynamic loss
-scaling (a step whose gradients overflow is skipped, ``train/skipped_steps``, ``train/loss_scale``); a float16 engine
+scaling from ``LAB_INITIAL_LOSS_SCALE`` (a step whose gradients overflow is skipped, ``train/skipped_steps``,
+``train/loss_scale``); a float16 engine
 or trainer logs the share of its values that overflowed (``engine_overflow_fraction``, ``train_overflow_fraction``).
 
 The hooks get slime's ``args`` with ``num_experts`` = the policy's expert count, so DC-GRPO resolves its
@@ -41,7 +42,7 @@ from ...slime import hooks
 from ...slime.names import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
 from ..model.engine import RolloutEngine
 from ..model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
-from ..model.precision import DynamicLossScaler, precision_model
+from ..model.precision import LAB_INITIAL_LOSS_SCALE, DynamicLossScaler, precision_model
 from ..model.quant import as_quant_config
 from ..model.routing import routing_metrics
 from ..model.task import make_task
@@ -133,7 +134,7 @@ class Trainer:
         self.reference = RolloutEngine(self.policy, "none")
         precision = as_quant_config(spec.quant).train
         self.train_model = precision_model(self.policy, precision)
-        self.scaler = DynamicLossScaler() if precision == "fp16" else None
+        self.scaler = DynamicLossScaler(LAB_INITIAL_LOSS_SCALE) if precision == "fp16" else None
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=settings.lr)
         for group in self.optimizer.param_groups:
             group.update(max_lr=settings.lr, min_lr=0.0)
