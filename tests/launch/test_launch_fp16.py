@@ -176,3 +176,11 @@ def test_the_fp16_launch_reads_its_flags_through_slimes_parsers(sandbox: Sandbox
         assert "--fp16" in submits[0] and submits[0][submits[0].index("--hf-checkpoint") + 1] == env["MODEL_DIR"]
     else:
         assert result.returncode == 1 and error in result.stderr and not submits, result.stderr
+
+
+def test_a_dense_checkpoint_as_the_served_model_is_named_as_the_bf16_one(sandbox: Sandbox) -> None:
+    env = sandbox.make_cluster()
+    env["MODEL_DIR"] = sandbox.make_cluster("qwen3_8b")["MODEL_DIR"]
+    result = sandbox.run("qwen3_30b_fp16_aligned.sh", "--dry-run", env=env)
+    assert result.returncode == 2 and "MODEL_DIR: the checkpoint is dense" in result.stderr
+    assert "point MODEL_DIR at the BF16 checkpoint of MODEL=qwen3_30b_a3b" in result.stderr
