@@ -3,19 +3,16 @@ import pytest
 import torch
 from torch import nn
 
+from mismatch_ctrl.lab.model.fp8 import block_shape, dequantize_weight, quantize_weight, round_fp8
 from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
 from mismatch_ctrl.lab.model.quant import (
     QUANT_MODES,
     QuantConfig,
     QuantLinear,
-    block_shape,
-    dequantize_weight,
     fake_quantize_weight,
     quantize_activations,
     quantize_model,
-    quantize_weight,
     round_bf16,
-    round_fp8,
     sync_quantized,
 )
 

@@ -1,21 +1,15 @@
-"""Simulated low-precision inference: FP8 (e4m3 / e5m2) block-scaled weights, per-token activations, BF16.
-
-Weights (slime ``tools/convert_hf_to_fp8.py`` ``block_fp8``, re-applied at every weight sync): per tile of
-128x128, ``scale = absmax(tile) / fmax`` (fp32) and ``q = cast_fp8(clamp(w / scale, -fmax, fmax))``; the engine
-computes with ``q * scale`` in fp32 (fake quantisation: the same values an FP8 GEMM multiplies). A matrix with
-fewer rows than a block gets one scale per row (tiles of 1 x 128): a 64x64 matrix would otherwise be a single
-per-tensor tile, far coarser than a 128x128 tile of a large model.
+"""Simulated low-precision inference: FP8 (e4m3 / e5m2) block-scaled weights (``fp8.py``), per-token activations,
+BF16 and FP16.
 
 Activations (SGLang's dynamic ``per_token_group_quant_fp8``): the input of each quantised linear layer gets one
 scale per token and group of 128 features (= per token row when the width is <= 128).
 
-Rounding is round-to-nearest-even by casting to ``torch.float8_e4m3fn`` (max 448) / ``torch.float8_e5m2``
-(max 57344) and back, which works on CPU. ``bf16`` rounds weights, linear inputs and outputs and the embedding
+``bf16`` rounds weights, linear inputs and outputs and the embedding
 tables to bfloat16 (a mild, BF16-engine-like mismatch); ``fp16`` does the same in IEEE float16 (10 mantissa bits
 against bfloat16's 7, largest finite value 65504): every value a linear layer, an expert or the LM head produces is
 stored in the format, computed from format inputs with an fp32 accumulation (what a tensor-core GEMM does), norms,
 softmax and the residual sum staying fp32 as in ``bf16``. A value past 65504 becomes infinite there, as in a real
-float16 kernel: the engine counts those overflows (``RolloutEngine.overflow_fraction``), it does not clamp them.
+float16 kernel: the engine counts those overflows (``RolloutEngine.overflow``), it does not clamp them.
 The trainer's precision (``+train-bf16`` / ``+train-fp16``, ``precision.py``) is part of a dose: the mismatch is made
 by the pair, the engine and the trainer that recomputes its samples.
 
@@ -48,73 +42,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fp4 import MXFP4_BLOCK, NVFP4_BLOCK, fake_quantize_int4, fake_quantize_mxfp4, fake_quantize_nvfp4
+from .fp8 import BLOCK, FP8_FORMATS, dequantize_weight, fp8_format, quantize_weight, round_fp8
 from .policy import Experts
 from .precision import HALF_FORMATS, ROUTER_NAME, TRAIN_PRECISIONS, OverflowCounter, round_half
 
-FP8_FORMATS: dict[str, tuple[torch.dtype, float]] = {
-    "e4m3": (torch.float8_e4m3fn, 448.0),
-    "e5m2": (torch.float8_e5m2, 57344.0),
-}
 FP4_FORMATS = ("nvfp4", "mxfp4", "int4")
 WEIGHT_ONLY_FORMATS = ("int4",)
 FORMATS = ("none", *HALF_FORMATS, *FP8_FORMATS, *FP4_FORMATS)
-BLOCK = 128
-
-
-
-def _fp8(fmt: str) -> tuple[torch.dtype, float]:
-    if fmt not in FP8_FORMATS:
-        raise ValueError(f"fmt: expected one of {sorted(FP8_FORMATS)}, got {fmt!r}")
-    return FP8_FORMATS[fmt]
-
-
-def round_fp8(x: Tensor, fmt: str) -> Tensor:
-    """Nearest FP8 value (ties to even) of x, saturated to +-fmax, returned in x's dtype."""
-    dtype, fmax = _fp8(fmt)
-    return x.clamp(-fmax, fmax).to(dtype).to(x.dtype)
 
 
 def round_bf16(x: Tensor) -> Tensor:
     """Nearest bfloat16 value of x, returned in x's dtype."""
     return x.to(torch.bfloat16).to(x.dtype)
-
-
-def block_shape(rows: int, cols: int, block: int = BLOCK) -> tuple[int, int]:
-    """Tile of one weight scale: (block, block), or (1, block) when the matrix has fewer than ``block`` rows.
-    Tiles are clipped at the matrix edge, so a matrix narrower than ``block`` has one tile per row band."""
-    return (block if rows >= block else 1), block
-
-
-def _tiles(weight: Tensor, tile: tuple[int, int]) -> Tensor:
-    """Zero-padded weight viewed as [row_tiles, tile_rows, col_tiles, tile_cols]."""
-    rows, cols = weight.shape
-    tr, tc = tile
-    n_r, n_c = -(-rows // tr), -(-cols // tc)
-    padded = F.pad(weight, (0, n_c * tc - cols, 0, n_r * tr - rows))
-    return padded.view(n_r, tr, n_c, tc)
-
-
-def quantize_weight(weight: Tensor, fmt: str, block: int = BLOCK) -> tuple[Tensor, Tensor]:
-    """Block FP8 quantisation of a 2-D weight: codes (float8 dtype, weight's shape) and fp32 scales
-    [row_tiles, col_tiles] with ``scale = absmax(tile) / fmax`` (1.0 for an all-zero tile)."""
-    if weight.dim() != 2:
-        raise ValueError(f"weight: expected a 2-D matrix, got shape {tuple(weight.shape)}")
-    dtype, fmax = _fp8(fmt)
-    rows, cols = weight.shape
-    tiles = _tiles(weight.float(), block_shape(rows, cols, block))
-    absmax = tiles.abs().amax(dim=(1, 3), keepdim=True)
-    scale = torch.where(absmax > 0, absmax / fmax, torch.ones_like(absmax))
-    codes = (tiles / scale).clamp(-fmax, fmax).to(dtype)
-    codes = codes.view(tiles.shape[0] * tiles.shape[1], -1)[:rows, :cols]
-    return codes, scale.view(tiles.shape[0], tiles.shape[2])
-
-
-def dequantize_weight(codes: Tensor, scale: Tensor, block: int = BLOCK) -> Tensor:
-    """fp32 weight ``codes * scale`` of ``quantize_weight``'s output."""
-    rows, cols = codes.shape
-    tr, tc = block_shape(rows, cols, block)
-    expanded = scale.repeat_interleave(tr, dim=0).repeat_interleave(tc, dim=1)[:rows, :cols]
-    return codes.float() * expanded
 
 
 def fake_quantize_weight(weight: Tensor, fmt: str, block: int = BLOCK) -> Tensor:
@@ -142,7 +81,7 @@ def quantize_activations(x: Tensor, fmt: str, group: int = BLOCK) -> Tensor:
         return fake_quantize_nvfp4(x, NVFP4_BLOCK, per_row=True)
     if fmt == "mxfp4":
         return fake_quantize_mxfp4(x, MXFP4_BLOCK)
-    _, fmax = _fp8(fmt)
+    _, fmax = fp8_format(fmt)
     features = x.shape[-1]
     if features <= group:
         grouped = x.unsqueeze(-2)
