@@ -146,7 +146,8 @@ def compare_command(ns: argparse.Namespace) -> int:
         rows = pooled_versus(table, ns.metric, ns.against)
         text = pooled_table(rows, ns.metric, ns.against) if rows else None
         why = ("no run has a GRPO run on its engine (grpo@<engine>) with a seed in common" if ns.against == "grpo" else
-               "no run has an exact-engine run (grpo@none or its own @none) with a seed in common")
+               "no run has an exact-engine run (grpo@none or its own @none) with a seed in common"
+               if ns.against == "exact" else f"no directory holds {ns.against} and another run with a seed in common")
     if text is None:
         print(f"mismatch-ctrl lab compare: nothing to compare: {why}", file=sys.stderr)
         return 2

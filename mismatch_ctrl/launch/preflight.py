@@ -103,8 +103,9 @@ def job_data_files(s: Settings, extra: Sequence[str] = ()) -> list[str]:
     return [s["PROMPT_DATA"], *(dataset.path for dataset in eval_sets(s, extra))]
 
 
-def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str]:
-    """Missing or wrong cluster paths: slime, Megatron-LM, the FP8 and torch_dist checkpoints, the data."""
+def path_problems(s: Settings, launcher: str, served: CheckpointReport) -> list[str]:
+    """Missing or wrong cluster paths: slime, Megatron-LM, the checkpoint SGLang serves (``served``: the FP8 one, or
+    the BF16 ``MODEL_DIR`` with ``TRAIN_PRECISION=fp16``) and the torch_dist one, the data."""
     out = []
     if not Path(s["SLIME_DIR"], "train.py").is_file():
         out.append(f"SLIME_DIR={s['SLIME_DIR']} has no train.py; set SLIME_DIR to the slime checkout (/root/slime "
@@ -112,8 +113,11 @@ def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str
     if not Path(s["MEGATRON_DIR"], "megatron").is_dir():
         out.append(f"MEGATRON_DIR={s['MEGATRON_DIR']} has no megatron/ package; set MEGATRON_DIR to the Megatron-LM "
                    "checkout (/root/Megatron-LM in the image)")
-    if Path(s["FP8_HF_DIR"]).is_dir():
-        out += fp8.problems
+    if Path(s[s.rollout_checkpoint]).is_dir():
+        out += served.problems
+    elif s.rollout_checkpoint == "MODEL_DIR":
+        out.append(f"MODEL_DIR={s['MODEL_DIR']} does not exist; TRAIN_PRECISION=fp16 serves the BF16 model from "
+                   f"there: hf download Qwen/{s.profile.hf_name} --local-dir {s['MODEL_DIR']}")
     else:
         out.append(f"FP8_HF_DIR={s['FP8_HF_DIR']} does not exist; run '{launcher} --prepare' (converts MODEL_DIR) or "
                    f"hf download Qwen/{s.profile.hf_name}-FP8 --local-dir {s['FP8_HF_DIR']}")

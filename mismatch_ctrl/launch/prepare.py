@@ -1,4 +1,5 @@
-"""``--prepare``: the recipe data, BF16 HF -> Megatron torch_dist, BF16 HF -> FP8 (block 128x128 e4m3).
+"""``--prepare``: the recipe data, BF16 HF -> Megatron torch_dist, BF16 HF -> FP8 (block 128x128 e4m3; not with
+``TRAIN_PRECISION=fp16``, whose engines serve the BF16 checkpoint).
 
 A conversion writes ``DIR.partial``, is verified, marked complete (``.mismatch_ctrl_complete``) and renamed to
 ``DIR``: an interrupted one is redone, and a ``DIR`` without the marker was not written here and is never deleted.
@@ -47,7 +48,7 @@ class Preparation:
         self.data_files = len(files)
         self.data_missing = [path for path in files if not Path(path).is_file()]
         self.torch_dist = conversion_state(s["TORCH_DIST_DIR"])
-        self.fp8 = conversion_state(s["FP8_HF_DIR"])
+        self.fp8 = "not needed" if s.rollout_checkpoint == "MODEL_DIR" else conversion_state(s["FP8_HF_DIR"])
 
     @property
     def converts(self) -> bool:
@@ -135,7 +136,8 @@ class Preparation:
                 "--model-dir", s["MODEL_DIR"], "--save-dir", f"{s['FP8_HF_DIR']}.partial", "--strategy", "block",
                 "--block-size", "128", "128", "--max-workers", s["FP8_CONVERT_WORKERS"]])
         else:
-            print(f"# [fp8] skip: FP8_HF_DIR={s['FP8_HF_DIR']} is {self.fp8}", flush=True)
+            why = "TRAIN_PRECISION=fp16 serves MODEL_DIR in float16" if self.fp8 == "not needed" else self.fp8
+            print(f"# [fp8] skip: FP8_HF_DIR={s['FP8_HF_DIR']} is {why}", flush=True)
 
     def _verify_fp8(self, directory: str) -> str:
         return "; ".join(inspect_checkpoint(directory, "fp8", "FP8_HF_DIR", self.model).all_problems)

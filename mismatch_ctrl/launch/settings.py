@@ -15,7 +15,8 @@ from .profiles import PROFILES, ModelProfile
 
 TRAIN_SET_FILE = "dapo-math-17k.jsonl"
 DATA_MODULE = "recipes.qwen3_30b_a3b.data"
-PRECISIONS = ("bf16", "fp8")
+PRECISIONS = ("bf16", "fp8", "fp16")
+RUN_NAME_SUFFIX = {"bf16": "", "fp8": "_fp8train", "fp16": "_fp16"}
 
 Default = Callable[[Mapping[str, str], ModelProfile], str]
 
@@ -37,7 +38,7 @@ def _given(name: str) -> Default:
 
 
 def _run_name(v: Mapping[str, str], p: ModelProfile) -> str:
-    return f"{v['MODEL']}_{v['METHOD']}" + ("_fp8train" if v["TRAIN_PRECISION"] == "fp8" else "")
+    return f"{v['MODEL']}_{v['METHOD']}" + RUN_NAME_SUFFIX.get(v["TRAIN_PRECISION"], "")
 
 
 S = Setting
@@ -46,8 +47,10 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         S("METHOD", _given("METHOD"), "method; selects configs/methods/<METHOD>.yaml"),
         S("MODEL", _given("MODEL"), "model profile: " + ", ".join(
             f"{name} ({profile.kind})" for name, profile in PROFILES.items()) + "; sets the layout defaults"),
-        S("TRAIN_PRECISION", _given("TRAIN_PRECISION"), "bf16 (Megatron BF16) or fp8 (Transformer Engine FP8 "
-          "training, blockwise e4m3: slime's precision-alignment recipe)"),
+        S("TRAIN_PRECISION", _given("TRAIN_PRECISION"), "bf16 (Megatron BF16), fp8 (Transformer Engine FP8 "
+          "training, blockwise e4m3: slime's precision-alignment recipe; both with FP8 rollouts on FP8_HF_DIR) or "
+          "fp16 (FP16 precision alignment, Qi et al. 2025: Megatron --fp16 with dynamic loss scaling, and slime "
+          "starts SGLang with dtype float16 on the BF16 checkpoint MODEL_DIR; no FP8 checkpoint)"),
         S("RUN_NAME", _run_name, "names SAVE_DIR and the wandb group; every launcher has its own"),
         S("REPO_ROOT", _given("REPO_ROOT"), "this repository; the same path must exist on every node (job PYTHONPATH)"),
         S("METHOD_CONFIG", lambda v, p: f"{v['REPO_ROOT']}/configs/methods/{v['METHOD']}.yaml",
@@ -67,10 +70,11 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
     ("Paths on the cluster", (
         S("SLIME_DIR", _fixed("/root/slime"), "slime checkout (train.py, tools/)"),
         S("MEGATRON_DIR", _fixed("/root/Megatron-LM"), "Megatron-LM checkout (goes first on the job PYTHONPATH)"),
-        S("MODEL_DIR", lambda v, p: f"/root/{p.hf_name}", "BF16 Hugging Face checkpoint; input of --prepare"),
+        S("MODEL_DIR", lambda v, p: f"/root/{p.hf_name}", "BF16 Hugging Face checkpoint; input of --prepare; with "
+          "TRAIN_PRECISION=fp16 SGLang serves it, in float16 (--hf-checkpoint)"),
         S("FP8_HF_DIR", lambda v, p: f"/root/{p.hf_name}-FP8",
-          "FP8 block-128 Hugging Face checkpoint for SGLang (--hf-checkpoint); its config.json drives the layout "
-          "checks"),
+          "FP8 block-128 Hugging Face checkpoint for SGLang (--hf-checkpoint; not used with TRAIN_PRECISION=fp16); "
+          "its config.json drives the layout checks"),
         S("TORCH_DIST_DIR", lambda v, p: f"/root/{p.hf_name}_torch_dist",
           "BF16 Megatron torch_dist checkpoint (--ref-load)"),
         S("SAVE_DIR", lambda v, p: f"/root/runs/{v['RUN_NAME']}",
@@ -188,6 +192,12 @@ class Settings:
     def __getitem__(self, name: str) -> str:
         return self.values[name]
 
+    @property
+    def rollout_checkpoint(self) -> str:
+        """The setting naming the checkpoint SGLang serves (``--hf-checkpoint``): ``MODEL_DIR`` (the BF16 model,
+        cast to float16) with ``TRAIN_PRECISION=fp16``, else ``FP8_HF_DIR``."""
+        return "MODEL_DIR" if self.values["TRAIN_PRECISION"] == "fp16" else "FP8_HF_DIR"
+
     def int(self, name: str) -> int:
         return int(self.values[name])
 
@@ -253,7 +263,8 @@ def usage(launcher: str, settings: Settings) -> str:
     lines = [
         f"usage: {launcher} [--dry-run] [--prepare] [--help] [-- EXTRA_TRAIN_ARGS...]",
         "",
-        f"Train {model} with method {method} on slime: SGLang rollouts on the FP8 checkpoint, Megatron {precision}",
+        f"Train {model} with method {method} on slime: SGLang rollouts on the "
+        f"{'BF16 checkpoint in float16' if precision == 'FP16' else 'FP8 checkpoint'}, Megatron {precision}",
         "training, colocated on the same GPUs, submitted with ray job submit. Arguments after -- are appended to "
         "train.py's;",
         "before submitting, slime's own parsers must read each of their flags as written (full names).",

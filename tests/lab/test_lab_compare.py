@@ -257,6 +257,23 @@ def test_against_the_exact_engine_gives_the_engines_cost(tmp_path, capsys):
     assert code == 0 and "**pooled**" not in out and "`grpo@nvfp4+r3` | `grpo@nvfp4`" in out
 
 
+def test_against_a_named_run_pairs_every_run_with_it(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@none": {0: 0.7, 1: 0.8}, "grpo@fp16+train-fp16": {0: 0.65, 1: 0.8},
+                                   "grpo@nvfp4+train-bf16+r3": {0: 0.5, 1: 0.7}}, optimizer_steps=4)
+    b = make_runs(tmp_path / "b", {"grpo@fp16+train-fp16": {2: 0.6}, "grpo@nvfp4+train-bf16+r3": {2: 0.4}},
+                  optimizer_steps=4)
+    code, out, _ = compare(capsys, "--against", "grpo@fp16+train-fp16", a, b)
+    assert code == 0 and "run - `grpo@fp16+train-fp16`" in out
+    pooled = row(out, "`grpo@nvfp4+train-bf16+r3` | `grpo@fp16+train-fp16` | **pooled**")
+    assert interval([-0.15, -0.1, -0.2]) in pooled and "| 3 |" in pooled
+    assert "| 2 | +0.025 [" in row(out, "`grpo@none` | `grpo@fp16+train-fp16` |")  # one directory: not pooled
+    code, _, err = compare(capsys, "--against", "grpo@e4m3+train-bf16", a)
+    assert code == 2 and "nothing to compare: no directory holds grpo@e4m3+train-bf16" in err
+    with pytest.raises(SystemExit):
+        cli.main(["lab", "compare", "--against", "fp16", str(a)])
+    assert "expected grpo, exact or a run label METHOD@ENGINE[+r3]" in capsys.readouterr().err
+
+
 def test_options_of_the_lab_before_compare_are_refused(tmp_path, capsys):
     a = make_runs(tmp_path / "a", {"grpo@e5m2": {0: 0.5}, "dcgrpo@e5m2": {0: 0.6}})
     code = cli.main(["lab", "--out", str(tmp_path / "x"), "--steps", "5", "compare", str(a)])

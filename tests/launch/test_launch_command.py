@@ -34,7 +34,7 @@ EXPECTED_30B = {
 }
 ABSENT_BY_DEFAULT = ("--use-kl-loss", "--kl-loss-coef", "--kl-coef", "--use-rollout-routing-replay", "--use-tis",
                      "--use-rollout-logprobs", "--use-wandb", "--use-tensorboard", "--skip-eval-before-train",
-                     "--fp8-format", "--fp8-recipe", "--transformer-impl", "--sglang-cuda-graph-bs")
+                     "--fp8-format", "--fp8-recipe", "--transformer-impl", "--sglang-cuda-graph-bs", "--fp16")
 
 
 def single_values(found: dict[str, list[list[str]]]) -> dict[str, list[str]]:
@@ -65,7 +65,9 @@ def test_each_launcher_selects_its_method_and_model(sandbox: Sandbox, script: st
     assert values["--get-mismatch-metrics"] == [] and values["--custom-tis-function-path"]  # slime requires both
     for flag, path in HOOKS.items():
         assert values[flag] == [path]
-    assert values["--hf-checkpoint"] == [f"/root/{facts['hf_name']}-FP8"]
+    fp16 = script == "qwen3_30b_fp16_aligned.sh"  # FP16 alignment serves the BF16 checkpoint, in float16
+    assert values["--hf-checkpoint"] == [f"/root/{facts['hf_name']}" + ("" if fp16 else "-FP8")]
+    assert ("--fp16" in values) == fp16
     assert values["--ref-load"] == [f"/root/{facts['hf_name']}_torch_dist"]
     assert values["--save"] == [f"/root/runs/{run}"]  # baselines never share a checkpoint dir
     assert contains_run(train, model_args(model))

@@ -38,6 +38,9 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
                   "num_steps_per_rollout": 4, "seeds": tuple(range(10))},
     "gpu-moe": {"policy": "moe-large", "quant": "nvfp4", "methods": "grpo@none,grpo,grpo+r3", "steps": 120,
                 "num_steps_per_rollout": 4, "lr": 1e-4, "seeds": tuple(range(40, 48))},
+    "precision": {"methods": "grpo@none,grpo@bf16+train-bf16,grpo@fp16+train-fp16,grpo@e4m3+train-bf16,"
+                             "grpo@e4m3+train-bf16+r3,grpo@nvfp4+train-bf16,grpo@nvfp4+train-bf16+r3",
+                  "steps": 120, "num_steps_per_rollout": 4, "seeds": tuple(range(150, 156))},
 }
 """Named settings (``--preset``); explicit flags override them. ``demo``: ``make demo``. ``demo-seeds``: the same
 comparison over 5 seeds (the README's evidence). ``e5m2-edge``: the setting of the
@@ -64,7 +67,12 @@ Its warm-up trains at lr 5e-4 (``lab.warmup.POLICY_WARMUP``), its RL at lr 1e-4:
 the first updates wreck the warmed-up policy even on the exact engine (seed 40 on the CPU: reward 0.26 before the
 first rollout, 0.000 from the second on at 1e-3, about 0.1 at 3e-4; at 1e-4 0.63-0.70 by rollouts 12-15). On one
 H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups included
-(docs/lab-offpolicy.md)."""
+(docs/lab-offpolicy.md).
+
+``precision``: FP16 precision alignment (Qi et al. 2025) at the lab's harm regime, K = 4, 120 rollouts: the exact
+engine, BF16 everywhere and FP16 everywhere (engine and trainer in one format, ``model.precision``), and FP8 e4m3 /
+NVFP4 rollouts against a BF16 trainer without and with R3, seeds 150-155 (42 runs; its unseen seeds are 156-161:
+docs/lab-precision.md; ``benchmarks/lab_precision_16core.sh`` runs both sets on 16 cores)."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
@@ -166,6 +174,22 @@ def quant_list(text: str) -> str:
     if len(set(modes)) != len(modes):
         raise argparse.ArgumentTypeError(f"each engine once, got {clip(text, 80)!r}")
     return ",".join(modes)
+
+
+def reference_run(text: str) -> str:
+    """``lab compare --against``: ``grpo``, ``exact`` or a run label ``METHOD@ENGINE[+r3]`` (its engine by its
+    canonical name, as run folders are named)."""
+    if text in ("grpo", "exact"):
+        return text
+    method, at, engine = text.strip().removesuffix("+r3").partition("@")
+    if not (method and at and engine):
+        raise argparse.ArgumentTypeError(f"expected grpo, exact or a run label METHOD@ENGINE[+r3] such as "
+                                         f"grpo@fp16+train-fp16, got {clip(text, 80)!r}")
+    try:
+        mode = as_quant_config(engine).mode
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"{method}@{mode}" + ("+r3" if text.strip().endswith("+r3") else "")
 
 
 def device_name(text: str) -> str:
