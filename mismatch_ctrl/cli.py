@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from .errors import ConfigError
+from .formatting import shell_command
 
 if TYPE_CHECKING:
     from .lab.training.methods import RunSpec
@@ -57,6 +58,11 @@ def _check_config(ns: argparse.Namespace) -> int:
         if config.torch_compile:
             print("torch_compile: true (the TIS hook's device work runs as one compiled graph; docs/performance.md)")
     return 0
+
+
+UNHASHED_HELP = ("count finished run folders whose fingerprint.json records no file hashes (written by a lab before "
+                 "hashes were recorded, or with its list removed: their files cannot be checked); without it they are "
+                 "refused, naming each")
 
 
 def _unwritable(exc: OSError, out: str, fix: str) -> int:
@@ -108,7 +114,7 @@ def _lab(ns: argparse.Namespace) -> int:
                   "them (the report is rewritten from OUT's runs as they were trained)", file=sys.stderr)
             return 2
         try:
-            result = rewrite_report(Path(ns.out), "mismatch-ctrl lab " + " ".join(sys.argv[2:]))
+            result = rewrite_report(Path(ns.out), shell_command(["mismatch-ctrl", *ns.argv]), ns.trust_unhashed)
         except (ValueError, SweepError) as exc:
             print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
             return 2
@@ -124,8 +130,8 @@ def _lab(ns: argparse.Namespace) -> int:
         return 2
     executor = RayExecutor(ns.ray_address) if ns.ray_address is not None else LocalExecutor(ns.jobs)
     try:
-        result = run_lab(runs, settings, Path(ns.out), command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
-                         cache_dir=ns.cache_dir, seeds=seeds, executor=executor)
+        result = run_lab(runs, settings, Path(ns.out), command=shell_command(["mismatch-ctrl", *ns.argv]),
+                         cache_dir=ns.cache_dir, seeds=seeds, executor=executor, trust_unhashed=ns.trust_unhashed)
     except SweepError as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 130 if isinstance(exc, SweepInterrupted) else 2
@@ -160,7 +166,7 @@ def _lab_compare(ns: argparse.Namespace) -> int:
         print(f"mismatch-ctrl lab compare: --pairs takes directories in pairs A B, got {len(dirs)}", file=sys.stderr)
         return 2
     try:
-        table = read_directories(dirs)
+        table = read_directories(dirs, ns.trust_unhashed or ns.compare_trust_unhashed)
     except SweepError as exc:
         print(f"mismatch-ctrl lab compare: {exc}", file=sys.stderr)
         return 2
@@ -224,7 +230,7 @@ def _analyze(ns: argparse.Namespace) -> int:
             raise DumpError(f"{ns.directory}: not a directory; give the --dump-details directory of a slime run")
         _check_outputs(out, json_path, create=Path(ns.directory).is_dir())
         result = analyze_dumps(ns.directory, options)
-        report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
+        report = write_report(result, out, command=shell_command(["mismatch-ctrl", *ns.argv]))
         if json_path is not None:
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -408,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train nothing: write OUT's summary, report and plots again from its runs' metrics")
     lab.add_argument("--cache-dir", type=options.directory,
                      help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
+    lab.add_argument("--trust-unhashed", action="store_true", help=UNHASHED_HELP)
     lab.set_defaults(run=_lab, command_parser=lab)
     from .lab.results.frontier import VERSUS
 
@@ -437,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "the lab settings, the warm-up and each method's configuration, as the runs' "
                               "fingerprints record them) on purpose, or, with --pairs, pairs A B that differ in more "
                               "than one setting; the table names the differences. Without it they are refused")
+    compare.add_argument("--trust-unhashed", dest="compare_trust_unhashed", action="store_true", help=UNHASHED_HELP)
     compare.set_defaults(run=_lab_compare, command_parser=compare)
 
     from .analyze.analysis import eps_option, number_option
@@ -483,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns, unknown = parser.parse_known_args(argv)
     if unknown:  # argparse names a subcommand's unknown option under the top-level usage: give the subcommand's
         ns.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    ns.argv = list(sys.argv[1:] if argv is None else argv)  # recorded by lab and analyze (shell_command)
     try:
         return ns.run(ns)
     except BrokenPipeError:  # the reader of standard output went away (`analyze --json - | head`): stop quietly
