@@ -215,6 +215,7 @@ def _not_compared(missing: list[str]) -> None:
 
 def _analyze(ns: argparse.Namespace) -> int:
     from .analyze import AnalyzeOptions, DumpError, analyze_dumps, write_report
+    from .analyze.consistency import warnings_of
     from .analyze.dumps.rollout import is_refusal
     from .analyze.report import not_measured
     from .errors import InputError
@@ -247,6 +248,8 @@ def _analyze(ns: argparse.Namespace) -> int:
     if ns.json == "-":
         print(json.dumps(result, indent=1))
     print(f"report: {report}", file=sys.stderr if ns.json == "-" else sys.stdout)
+    for line in warnings_of(result):
+        print(f"mismatch-ctrl analyze: warning: {line}", file=sys.stderr)
     counts = result["counts"]
     partial = [row["rollout_id"] for row in result["rollouts"] if any(map(is_refusal, row["notes"]))]
     refused = bool(result["skipped"] or partial)

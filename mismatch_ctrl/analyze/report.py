@@ -234,6 +234,8 @@ def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "mi
              + f"): {counts['with_train_log_probs']} with the training engine's log-probs, "
                f"{counts['with_rollout_log_probs']} with the rollout engine's, {counts['measured']} measured (both, "
                "and trained tokens).", ""]
+    if result.get("consistency"):
+        lines += ["**These dumps may not be one run's:**", "", *(f"- {line}" for line in result["consistency"]), ""]
     lines += _data_problems(counts) + _recommendations(result) + _distribution(result)
     try:
         plots = write_plots(result, out_dir / "plots")
