@@ -79,7 +79,8 @@ def test_partly_non_numeric_train_rewards_are_named_with_dump_and_sample(tmp_pat
     result = analyze_dumps(run, QUIET)
     row = result["rollouts"][1]
     dump = run / "train_data" / "1.pt"
-    assert any(note.startswith(f"rewards left out of the replay: {dump}: sample 4: rewards is ") for note in row["notes"])
+    named = f"rewards left out of the replay: {dump}: sample 4: rewards is "
+    assert any(note.startswith(named) for note in row["notes"])
     assert row["replay"]["has_rewards"] is False and result["rollouts"][0]["replay"]["has_rewards"] is True
     code, err = analyze(run, capsys)
     assert code == 0 and f"warning: 1 rollout(s) (1) with rewards that are not all numbers, left out of the replay; " \

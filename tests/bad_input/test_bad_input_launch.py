@@ -79,8 +79,8 @@ def test_a_run_name_that_starts_with_a_dash_is_refused_through_the_wandb_group(s
     refused(result, "WANDB_GROUP=-r starts with '-'")
 
 
-@pytest.mark.parametrize("name, flag", [("SAVE_DIR", "--save"), ("LOAD_DIR", "--load"), ("FP8_HF_DIR", "--hf-checkpoint"),
-                                        ("TORCH_DIST_DIR", "--ref-load")])
+@pytest.mark.parametrize("name, flag", [("SAVE_DIR", "--save"), ("LOAD_DIR", "--load"),
+                                        ("FP8_HF_DIR", "--hf-checkpoint"), ("TORCH_DIST_DIR", "--ref-load")])
 def test_a_path_that_starts_with_a_dash_reaches_slime_as_an_absolute_path(sandbox, name, flag):
     result = sandbox.run(LAUNCHER, "--dry-run", env={name: "-x"})
     assert result.returncode == 0, result.stderr
