@@ -30,8 +30,8 @@ def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     :data:`MAX_HF_CONFIG_BYTES`, not UTF-8: ``regular_files``), is not JSON or is not a JSON object.
     """
     path = Path(path)
-    path = path / "config.json" if path.is_dir() else path
-    try:
+    path = path / "config.json" if path.is_dir() and path.suffix != ".json" else path  # a directory named *.json
+    try:                                                                                # is refused by name below
         data = regular_files.read_json(path, MAX_HF_CONFIG_BYTES)
     except RecursionError:
         raise ConfigError(f"the Hugging Face config {path} is nested too deeply to be a model's config.json; give the "
