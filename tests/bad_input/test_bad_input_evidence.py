@@ -296,3 +296,52 @@ def test_sha_of_the_old_record_is_what_an_older_lab_wrote(out):
     """The compatibility rule rests on this: the older record's sha256 is ``digest(inputs)``."""
     record = json.loads(out.joinpath(*VICTIM, FINGERPRINT_FILE).read_text())
     assert digest(record["inputs"]) == hashlib.sha256(json.dumps(record["inputs"], sort_keys=True).encode()).hexdigest()
+
+
+# Item 9: a stale `.partial` the lab did not write.
+@pytest.mark.parametrize("kind", ["file", "link to a folder", "broken link", "fifo"])
+def test_a_stale_partial_that_is_no_folder_is_named_and_left_alone(out, capsys, tmp_path, kind):
+    partial = out / "grpo@e4m3" / ".seed0.partial"
+    kept = tmp_path / "kept"
+    if kind == "file":
+        partial.write_text("mine")
+    elif kind == "fifo":
+        make_fifo(partial)
+    else:
+        if kind == "link to a folder":
+            kept.mkdir()
+            (kept / "precious").write_text("x")
+        partial.symlink_to(kept)
+    code, _, err = run_cli(COMMANDS["resume"](out), capsys, (partial,) if kind == "fifo" else ())
+    what = {"file": "a file", "fifo": "a FIFO (named pipe)"}.get(kind, f"a symbolic link to {kept}")
+    assert code == 2 and f"{partial} is {what}, where the lab keeps the folder of a run it is writing" in err, err
+    assert "move it out of the output directory (or delete it)" in err
+    assert partial.is_symlink() or partial.exists()
+    if kind == "link to a folder":
+        assert (kept / "precious").read_text() == "x"
+
+
+def test_a_stale_partial_folder_is_still_removed(out, capsys):
+    partial = out / "grpo@e4m3" / ".seed0.partial"
+    partial.mkdir()
+    (partial / "metrics.jsonl").write_text("half")
+    code, stdout, err = run_cli(COMMANDS["resume"](out), capsys)
+    assert code == 0 and not partial.exists() and f"removed the unfinished run folder {partial}" in stdout, err
+
+
+# Item 10: a preset's learning rate and a policy that cannot take it.
+def test_a_preset_lr_made_for_another_policy_yields_to_the_policys_own(capsys):
+    from mismatch_ctrl.lab.sweeps.options import LAB_PRESETS, POLICY_DEFAULTS
+
+    parser = cli.build_parser()
+    settings = cli.lab_plan(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large"]))[1]
+    assert settings.lr == POLICY_DEFAULTS["moe-large"]["lr"] == 1e-4 != LAB_PRESETS["e5m2-edge"]["lr"]
+    err = capsys.readouterr().err
+    assert "note: --preset e5m2-edge sets lr 0.0015 for the moe policy; --policy moe-large uses its own lr 0.0001 " \
+           "(give --lr to choose)" in err
+    chosen = cli.lab_plan(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large", "--lr", "2e-3"]))
+    assert chosen[1].lr == 2e-3 and "note" not in capsys.readouterr().err
+    for policy in ("moe", "dense"):  # policies without their own lr keep the preset's, silently
+        plan = cli.lab_plan(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", policy, "--methods",
+                                               "grpo,dcgrpo"]))
+        assert plan[1].lr == 1.5e-3 and "note" not in capsys.readouterr().err
