@@ -30,8 +30,9 @@ finite float32 logits of a working model gives one (its ``exp`` is 0 from about 
 
 NonFinitePolicy = Literal["mask", "error"]
 DROPPED_WARNING = ("mismatch_ctrl: trained tokens with a NaN/inf (or < -1e30) or impossible (> 0) log-prob were "
-                   "dropped from the loss and counted (metric nonfinite_tokens); set mismatch_ctrl.nonfinite: error to "
-                   "stop instead")
+                   "dropped from the loss and counted (slime: rollout/mismatch_ctrl/nonfinite_tokens per rollout, "
+                   "train/mismatch_ctrl/nonfinite_token_fraction per train step); set mismatch_ctrl.nonfinite: error "
+                   "to stop instead")
 """One fixed text, so Python's default warning filter shows it once per process."""
 
 

@@ -17,11 +17,12 @@ name           token value ``c[t]``        source
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import torch
 
-from .batch import TokenBatch
+from .batch import LOG_RATIO_BOUND, TokenBatch
 from .seqstats import Tokens, Writer
 
 Signal = Literal["prob_diff", "log_diff", "ratio_diff", "k3"]
@@ -43,6 +44,12 @@ def _ratio_diff(t: Tokens, out: torch.Tensor) -> None:
 def _k3(t: Tokens, out: torch.Tensor) -> None:
     k3(t.log_ratio, out, t.expm1).mul_(t.mask)
 
+
+SIGNAL_MAX: dict[str, float] = {"prob_diff": 1.0, "log_diff": LOG_RATIO_BOUND,
+                                 "ratio_diff": math.expm1(LOG_RATIO_BOUND),
+                                 "k3": math.expm1(LOG_RATIO_BOUND) - LOG_RATIO_BOUND}
+"""The largest token value ``c[t]`` of each signal: log-ratios are clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]``
+(``rho - 1`` and K3 are largest at the upper bound)."""
 
 SIGNAL_COLUMNS: dict[str, Writer] = {"prob_diff": _prob_diff, "log_diff": _log_diff, "ratio_diff": _ratio_diff,
                                      "k3": _k3}

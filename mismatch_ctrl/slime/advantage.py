@@ -54,6 +54,8 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
     shapes = rollout_data.get("kl") or rollout_log_probs or []
     device = shapes[0].device if shapes else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     layout = LocalLayout(rollout_data["total_lengths"], response_lengths, topo)
+    if rollout_data.get("kl") is not None:  # slime shapes its own advantages like kl: one value per CP-local token
+        layout.check_local("kl", rollout_data["kl"])
     batch = None
     if train_log_probs is not None:
         batch = layout.batch(train_log_probs, rollout_log_probs or [], rollout_data["loss_masks"], config.nonfinite,
@@ -74,7 +76,9 @@ def advantages(args: Any, rollout_data: dict[str, Any]) -> None:
         advs = list(torch.split(step.advantages, layout.sizes))
     elif shapes:  # slime's built-in GRPO: each sample's reward at each of its (CP-local) tokens
         segments = batch.segments if batch is not None else Segments(layout.sizes, device)
-        dtype = shapes[0].dtype if shapes[0].is_floating_point() else torch.float32  # slime: kl's dtype
+        # slime's dtype is kl's; at least float32, so that no reward becomes inf in float16's range (65504)
+        dtype = torch.promote_types(shapes[0].dtype, torch.float32) if shapes[0].is_floating_point() else \
+            torch.float32
         advs = list(torch.split(segments.expand(reward_t).to(dtype), layout.sizes))
     else:
         advs = []

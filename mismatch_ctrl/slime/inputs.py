@@ -28,7 +28,9 @@ from .runtime import Runtime
 NONFINITE_REWARDS = "mismatch_ctrl/nonfinite_reward_fraction"
 REQUIRED_KEYS = ("rewards", "response_lengths", "total_lengths", "loss_masks")
 TENSOR_LISTS = ("loss_masks", "rollout_log_probs", "log_probs", "kl")
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+REWARD_MAX = float(torch.finfo(torch.float32).max) / 2
+"""The largest reward magnitude taken as a reward: half the largest float32 leaves room for the DC-GRPO penalty (at
+most ``dcgrpo.PENALTY_MAX`` per token), so a shaped advantage is finite in float32; a larger one counts as infinite."""
 MAX_LENGTH = 2**53
 """The longest response or sequence: a length above it is no token count (and not exact as a float or in int64
 index arithmetic)."""
@@ -50,10 +52,11 @@ def check_rollout_data(rollout_data: Any, runtime: Runtime) -> list[float]:
             check_tensor_list(key, rollout_data[key], n)
     check_one_device({key: rollout_data[key] for key in TENSOR_LISTS if rollout_data.get(key) is not None})
     rewards = reward_list(rollout_data["rewards"], n)
-    bad = [not math.isfinite(r) or abs(r) > _FLOAT32_MAX for r in rewards]
+    bad = [not math.isfinite(r) or abs(r) > REWARD_MAX for r in rewards]
     if any(bad):
         runtime.warn_once("nonfinite_rewards", f"mismatch_ctrl: {sum(bad)} of {n} samples on this rank have a NaN or "
-                          "infinite reward; their advantage is 0 (the fraction is logged as "
+                          f"infinite reward (or one beyond +-{REWARD_MAX:.3g}, half the largest float32); their "
+                          "advantage is 0 (the fraction is logged as "
                           f"rollout/{NONFINITE_REWARDS}); check the reward function")
         rewards = [0.0 if b else r for r, b in zip(rewards, bad)]
     if n:
@@ -64,6 +67,8 @@ def check_rollout_data(rollout_data: Any, runtime: Runtime) -> list[float]:
 def check_tis_inputs(pg_loss: Any, train_log_probs: Any, rollout_log_probs: Any, loss_masks: Any, total_lengths: Any,
                      response_lengths: Any) -> None:
     """Check the keyword arguments slime passes the TIS hook (``loss.py`` ``tis_kwargs``)."""
+    if isinstance(pg_loss, torch.Tensor):
+        check_plain("pg_loss", pg_loss)
     if not isinstance(pg_loss, torch.Tensor) or pg_loss.dim() != 1:
         got = f"a tensor of shape {tuple(pg_loss.shape)}" if isinstance(pg_loss, torch.Tensor) else \
             type(pg_loss).__name__
@@ -114,6 +119,19 @@ def check_tensor_list(name: str, values: Any, n: int) -> None:
     for i, t in enumerate(values):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"sample {i}: {name} must be a tensor, got {type(t).__name__}")
+        check_plain(f"sample {i}: {name}", t)
+
+
+def check_plain(name: str, t: torch.Tensor) -> None:
+    """``t`` is a dense tensor of plain values, as slime passes them: a sparse, nested or quantised tensor would fail
+    deep inside a torch op (or read its storage, not its values)."""
+    if t.is_nested or t.layout != torch.strided:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise InputError(f"{name} is a {kind} tensor; the hooks read dense tensors (slime passes dense ones): pass "
+                         "t.to_dense() or the dense tensor it came from")
+    if t.is_quantized:
+        raise InputError(f"{name} is a quantised tensor ({t.dtype}); the hooks read plain values: pass "
+                         "t.dequantize()")
 
 
 def check_one_device(lists: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, build_config, inert_settings, required_section
+from ..config import SECTIONS, Config, build_config, inert_settings, read_yaml, refuse_misplaced, required_section
 from ..controllers import ControllerSet
 from ..errors import ConfigError, StateError
 from ..formatting import brief
@@ -72,7 +72,9 @@ def _create(args: Any) -> Runtime:
     if not hasattr(args, "mismatch_ctrl"):
         raise ConfigError("args has no 'mismatch_ctrl' settings: pass a YAML with a top-level 'mismatch_ctrl:' key "
                           "with --custom-config-path, e.g. configs/methods/dcgrpo.yaml")
-    config = build_config(required_section(args.mismatch_ctrl, "args.mismatch_ctrl: "), **architecture_source(args))
+    section = required_section(args.mismatch_ctrl, "args.mismatch_ctrl: ")
+    check_config_file(args)
+    config = build_config(section, **architecture_source(args))
     check_slime_args(args, config)
     controllers, next_rollout = _resume(args, config)
     save = getattr(args, "save", None)
@@ -91,6 +93,26 @@ def _create(args: Any) -> Runtime:
     log.info("mismatch_ctrl: method %r, architecture %s, first rollout %d", config.name, config.architecture,
              next_rollout)
     return Runtime(config, controllers, store, next_rollout)
+
+
+def check_config_file(args: Any) -> None:
+    """What slime's merge of ``--custom-config-path`` hides (SLIME.md section 3: ``yaml.safe_load``, then every
+    top-level key set on ``args``), refused as ``check-config`` refuses it: the file is read again strictly, so a
+    duplicate key (which ``safe_load`` resolves to the last without a word) or a mismatch_ctrl block written beside
+    ``mismatch_ctrl:`` instead of under it is an error naming the key. Where the file is not on this machine (a
+    relative path, another node), a block of ours that slime set on ``args`` as a mapping is still refused."""
+    path = getattr(args, "custom_config_path", None)
+    where = f"--custom-config-path {path}: "
+    if path and Path(path).exists():
+        document = read_yaml(path)
+        if isinstance(document, dict):
+            refuse_misplaced(document, where)
+    elif path and topology().is_main_rank:
+        log.warning("mismatch_ctrl: %snot found on this machine (cwd %s), so its duplicate keys and top-level blocks "
+                    "are not checked here; `mismatch-ctrl check-config` checks them", where, os.getcwd())
+    merged = [key for key in ("correction", *SECTIONS) if isinstance(getattr(args, key, None), dict)]
+    if merged:
+        refuse_misplaced(dict.fromkeys(merged), "args (merged from --custom-config-path): ")
 
 
 def _move_aside(store: StateStore, rollouts: list[int], why: str) -> None:

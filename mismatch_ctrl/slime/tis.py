@@ -54,6 +54,11 @@ from .layout import LocalLayout
 from .runtime import get_runtime
 
 NONFINITE_PG_LOSS = METRIC_PREFIX + "nonfinite_pg_loss_fraction"
+NONFINITE_TOKENS = "nonfinite_token_fraction"
+"""Trained tokens (by slime's loss masks) the guard dropped for a NaN/inf or impossible log-prob of either engine,
+counted at every call: tokens can go bad in a later optimizer step of a rollout, after the advantage hook's count."""
+PG_LOSS_OVERFLOW = METRIC_PREFIX + "pg_loss_overflow_fraction"
+"""Trained tokens whose finite ``pg_loss`` times its IS weight overflowed to inf in the loss's dtype."""
 
 
 def rollout_correction(
@@ -98,6 +103,8 @@ def rollout_correction(
         weights, keep, metrics = correction(batch, spec, topo.reducers, nonfinite_loss, pg_loss.dtype, dropped)
     if weights is not None:
         pg_loss = (pg_loss * weights.to(pg_loss.dtype)).masked_fill_(keep == 0, 0.0)  # rejected: 0, even where NaN
+        overflow = torch.isinf(pg_loss.detach()).logical_and_(nonfinite_loss.logical_not())
+        metrics[PG_LOSS_OVERFLOW] = overflow.to(metrics[NONFINITE_PG_LOSS].dtype)
     elif dropped is not None or everywhere > count:  # NaN at an untrained token: NaN x 0 in slime's loss
         pg_loss = pg_loss.masked_fill(keep == 0, 0.0)
     masks = layout.full_masks(loss_masks, keep) if spec.active or dropped is not None else list(loss_masks)
@@ -138,6 +145,7 @@ def correction(batch: TokenBatch, spec: CorrectionSpec, reducers: Reducers, nonf
         weights, keep = weighted.weights, weighted.mask
     token_metrics = token_shaped(parts, dtype, dict(zip((name for name, _ in broadcast), tokens[len(rows):])), dropped)
     token_metrics["nonfinite_pg_loss_fraction"] = nonfinite_loss.logical_and(keep > 0).to(dtype)
+    token_metrics[NONFINITE_TOKENS] = dropped.to(dtype) if dropped is not None else torch.zeros_like(batch.mask)
     # In pg_loss's dtype, except float16: its range (65504) would turn a weight or k3 of exp(20) into inf.
     out = torch.float32 if loss_dtype == torch.float16 else loss_dtype
     return weights, keep, {METRIC_PREFIX + name: value.to(out) for name, value in token_metrics.items()}

@@ -15,12 +15,11 @@ from typing import Callable
 
 import pytest
 from no_hang import make_fifo, within_deadline
-from sweep_helpers import TINY_WARMUP
+from sweep_helpers import TINY_WARMUP, copied_sweep, tiny_sweep
 
 from mismatch_ctrl import cli
 from mismatch_ctrl.lab.sweeps import run as lab_run
 from mismatch_ctrl.lab.sweeps.integrity import DamagedRun, UnhashedRun, check_run
-from mismatch_ctrl.lab.sweeps.run import run_lab
 from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, digest
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
@@ -35,28 +34,16 @@ def tiny_cli(monkeypatch):
     monkeypatch.setattr(lab_run, "warmup_preset", lambda task, policy: TINY_WARMUP)
 
 
-def lab(out: Path, **options) -> lab_run.LabResult:
-    return run_lab(RUNS, LabSettings(**TINY), out, cache_dir=out.parent / "cache", show_progress=False,
-                   warmup=TINY_WARMUP, **options)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trained") / "out"
-    original = lab_run.warmup_preset
-    lab_run.warmup_preset = lambda task, policy: TINY_WARMUP
-    try:
-        lab(out)
-    finally:
-        lab_run.warmup_preset = original
+    tiny_sweep(out, RUNS, LabSettings(**TINY))
     return out
 
 
 @pytest.fixture
 def out(trained, tmp_path) -> Path:
-    shutil.copytree(trained, tmp_path / "out")
-    shutil.copytree(trained.parent / "cache", tmp_path / "cache")
-    return tmp_path / "out"
+    return copied_sweep(trained, tmp_path)
 
 
 def resume(out: Path, *extra: str) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 from launch_harness import Result, Sandbox
 
 BROKEN_METHOD_YAML = "mismatch_ctrl:\n  name: dcgrpo\n  bogus_setting: 3\n"
+MISPLACED_METHOD_YAML = "mismatch_ctrl: {name: dcgrpo, correction: {preset: geo_mis}}\ndcgrpo: {enabled: true}\n"
 INERT_METHOD_YAML = "mismatch_ctrl:\n  name: acrl_short\n  acrl:\n    enabled: true\n    calibration_rollouts: 10\n"
 
 
@@ -43,6 +44,14 @@ def inert_method_for_the_run(box: Sandbox) -> Run:
     config = box.root / "acrl_short.yaml"
     config.write_text(INERT_METHOD_YAML)
     env = {"METHOD_CONFIG": str(config), "NUM_ROLLOUT": "5"}
+    return box, box.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=env, real_check=True), env
+
+
+def misplaced_method_block(box: Sandbox) -> Run:
+    """A method YAML whose dcgrpo block stands beside mismatch_ctrl: instead of under it (slime would train GRPO)."""
+    config = box.root / "misplaced.yaml"
+    config.write_text(MISPLACED_METHOD_YAML)
+    env = {"METHOD_CONFIG": str(config)}
     return box, box.run("qwen3_30b_dcgrpo.sh", "--dry-run", env=env, real_check=True), env
 
 
@@ -88,7 +97,8 @@ def launch_on_a_ready_cluster(box: Sandbox) -> Run:
 
 SCENARIOS: dict[str, Callable[[Sandbox], Run]] = {
     function.__name__: function for function in (
-        real_check_30b, broken_method_yaml, inert_method_for_the_run, launch_without_slime, launch_on_a_ready_cluster,
+        real_check_30b, broken_method_yaml, inert_method_for_the_run, misplaced_method_block, launch_without_slime,
+        launch_on_a_ready_cluster,
         launch_on_a_bare_machine, launch_on_a_small_node_without_ray, launch_two_nodes_on_a_one_node_ray)
 }
 

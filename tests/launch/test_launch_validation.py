@@ -121,6 +121,14 @@ def test_the_dry_run_refuses_a_method_the_hook_init_would_refuse_for_the_run(slo
     assert "calibration_rollouts = 10 without a reference, but --num-rollout is 5" in result.stderr
 
 
+def test_the_dry_run_refuses_a_method_block_beside_mismatch_ctrl(slow_runs) -> None:
+    """The rule check-config and on_megatron_init apply (config.refuse_misplaced), before a cluster starts."""
+    _, result, env = slow_runs.get("misplaced_method_block")
+    assert result.returncode == 2, result.stderr
+    assert f"METHOD_CONFIG={env['METHOD_CONFIG']} is invalid" in result.stderr
+    assert "dcgrpo: mismatch_ctrl's own key at the top level" in result.stderr and "indent it under" in result.stderr
+
+
 @pytest.mark.parametrize("module", ["mismatch_ctrl.launch", "mismatch_ctrl.launch.imports"])
 def test_the_core_commands_have_help(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True)

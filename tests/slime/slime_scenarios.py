@@ -226,6 +226,13 @@ def correction_reference(case: str, dp_size: int) -> dict[str, Any]:
         # pg_loss_values is NaN only where a log-prob is: those tokens leave the loss, so no trained token's is NaN.
         summary["nonfinite_pg_loss_fraction"] = 0.0
         per_sample["nonfinite_pg_loss_fraction"] = [0.0] * len(samples)
+        # The guard's drops, counted from where make_batch put them: per sample, its dropped share of trained tokens.
+        dropped = [len(batch.nonfinite[g]) / max(int(batch.loss_masks[g].sum()), 1) for g in samples]
+        per_sample["nonfinite_token_fraction"] = dropped
+        summary["nonfinite_token_fraction"] = sum(dropped) / len(samples)
+        if spec.active:  # pg_loss_values are at most 1.5 in magnitude: no weighted loss overflows
+            summary["pg_loss_overflow_fraction"] = 0.0
+            per_sample["pg_loss_overflow_fraction"] = [0.0] * len(samples)
         totals = {"trained_tokens", "nonfinite_tokens", "rejected_tokens", "sequences", "valid_sequences"}
         return {"samples": samples, "weights": dict(zip(samples, tb.segments.split(weights))),
                 "keep": dict(zip(samples, tb.segments.split(keep))),

@@ -19,7 +19,7 @@ from .inputs import random_batch, raw_batches
 
 @st.composite
 def specs(draw) -> CorrectionSpec:
-    """Valid explicit specs (the combinations config.py accepts)."""
+    """Valid explicit specs (the combinations the config accepts)."""
     is_high = draw(st.sampled_from([1.001, 1.05, 1.5, 2.0, 5.0]))
     rs_level = draw(st.sampled_from([None, *LEVELS]))
     rs_low = draw(st.sampled_from([None, 0.5, 0.9, 0.99, 0.999]))
