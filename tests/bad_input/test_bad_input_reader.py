@@ -54,7 +54,7 @@ def test_a_path_swapped_for_a_fifo_after_the_check_is_refused_on_the_open_descri
     real = tmp_path / "real"
     real.write_text("{}")
     looks_regular = os.stat(real)
-    monkeypatch.setattr(regular_files.os, "stat", lambda path: looks_regular)
+    monkeypatch.setattr(regular_files, "regular_file", lambda path: looks_regular)
     with pytest.raises(FileRefused, match="a FIFO"):
         within_deadline(lambda: regular_files.read_bytes(fifo), [fifo])
 
