@@ -253,7 +253,7 @@ ERRORS: dict[str, Bad] = {
     "mismatch_ctrl is a string": bad(lambda t: init("dcgrpo"), ConfigError, "got str 'dcgrpo'"),
     "duplicate yaml keys": bad(lambda t: load_config(write(t, "mismatch_ctrl:\n  dcgrpo:\n    eps: 0.01\n"
                                                               "    eps: 0.02\n")), ConfigError,
-                               "duplicate key 'eps' (first on line 3)", "line 4"),
+                               "duplicate key 'eps' (first on line 3, column 5)", "line 4"),
     "eps 5.0 switches dc-grpo off": bad(lambda t: build_config({"dcgrpo": {"enabled": True, "eps": 5.0}},
                                                                architecture="moe"), ConfigError,
                                         "mismatch_ctrl.dcgrpo.eps", "got 5.0", "eps: auto"),

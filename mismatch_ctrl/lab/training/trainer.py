@@ -130,11 +130,28 @@ class Trainer:
         self.scheduler = ConstantLRScheduler(self.optimizer)
         self.max_new = settings.max_new_tokens or self.task.generation_len
         self.args = slime_args(spec, settings, self.max_new, out_dir / "state", self.policy.config.n_experts)
-        hooks.on_megatron_init(self.args)
+        self.start_hooks()
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.sampler = (self.generator if self.device.type == "cpu"
                         else torch.Generator(self.device).manual_seed(settings.seed))
         self.eval_prompts = self.task.eval_prompts(settings.eval_prompts).to(self.device)
+
+    def start_hooks(self) -> None:
+        """Validate the method against the adapter's arguments (slime: ``on_megatron_init``)."""
+        hooks.on_megatron_init(self.args)
+
+    def advantages(self, step: int, data: dict[str, Any]) -> None:
+        """The advantage step of rollout ``step`` on ``data`` (slime's advantage hook; it sets
+        ``data["advantages"]`` and the ``mismatch_ctrl/*`` metrics)."""
+        hooks.advantages(self.args, data)
+
+    def before_optimizer_step(self, step: int, opt_step: int) -> None:
+        """slime's before-train-step hook (the LR-decay factor), before every optimizer step."""
+        hooks.before_train_step(self.args, step, opt_step, [self.policy], self.optimizer, self.scheduler)
+
+    def correct(self, **kwargs: Any) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
+        """slime's rollout-correction hook on one micro-batch: ``(pg_loss, masks, metrics)``."""
+        return hooks.rollout_correction(self.args, **kwargs)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy exact-match accuracy on held-out prompts: FP8 engine (deployed) and fp32 policy."""
@@ -189,7 +206,7 @@ class Trainer:
         per_step = order.numel() // s.optimizer_steps
         train_metrics: dict[str, list[float]] = {}
         for opt_step in range(s.optimizer_steps):
-            hooks.before_train_step(self.args, step, opt_step, [self.policy], self.optimizer, self.scheduler)
+            self.before_optimizer_step(step, opt_step)
             self.optimizer.zero_grad(set_to_none=True)
             chunk = order[opt_step * per_step:(opt_step + 1) * per_step]
             for micro in chunk.chunk(s.micro_batches):
@@ -217,8 +234,8 @@ class Trainer:
         advantages = torch.cat(pick("advantages"))
         pg_loss = policy_loss(old - new, advantages, s.eps_clip, s.eps_clip_high)
         loss_masks = pick("loss_masks")
-        pg_loss, masks, metrics = hooks.rollout_correction(
-            self.args, pg_loss=pg_loss, train_log_probs=pick("log_probs"), rollout_log_probs=pick("rollout_log_probs"),
+        pg_loss, masks, metrics = self.correct(
+            pg_loss=pg_loss, train_log_probs=pick("log_probs"), rollout_log_probs=pick("rollout_log_probs"),
             loss_masks=loss_masks, total_lengths=pick("total_lengths"), response_lengths=lengths)
         kept = torch.cat(masks).float()
         denominators = segments.sum(torch.cat(loss_masks).float())[:, 0].clamp_min(1.0)
@@ -242,7 +259,7 @@ class Trainer:
                 if step % s.eval_every == 0:
                     record.update(self.evaluate())
                 data, rollout, raw, routed = self.rollout_data(step)
-                hooks.advantages(self.args, data)
+                self.advantages(step, data)
                 if s.dump_details:
                     write_train_dump(self.out_dir / "dump", step, *samples_from_rollout_data(data))
                 record.update(reward=float(raw.mean()), response_length=float(rollout.response_lengths.float().mean()),
