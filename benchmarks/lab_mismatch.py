@@ -24,7 +24,8 @@ import torch
 from mismatch_ctrl.lab.results.stats import spread
 from mismatch_ctrl.lab.model.engine import RolloutEngine
 from mismatch_ctrl.lab.model.floor import measure_floor
-from mismatch_ctrl.lab.sweeps.options import positive_int, seed_list
+from bench_options import PROMPTS, REPEATS, SAMPLES, THREADS, bounded_int  # benchmarks/ is this script's directory
+from mismatch_ctrl.lab.sweeps.options import seed_list
 from mismatch_ctrl.lab.model.policy import POLICY_KINDS
 from mismatch_ctrl.lab.model.quant import QUANT_MODES, QuantConfig
 from mismatch_ctrl.lab.model.warmup import WARMUP_PRESETS, warmup_policy, warmup_preset
@@ -73,12 +74,13 @@ def main(argv: list[str] | None = None) -> None:
                              "(default: none bf16 e4m3 e5m2)")
     parser.add_argument("--seeds", type=seed_list, default=(0, 1, 2), help="warm-up and sampling seeds (default: "
                         "0,1,2)")
-    parser.add_argument("--rollouts", type=positive_int, default=10,
+    parser.add_argument("--rollouts", type=bounded_int(1, 10000, "rollouts measured per policy, mode and seed"),
+                        default=10,
                         help="rollouts per policy, mode and seed (default: 10)")
-    parser.add_argument("--prompts", type=positive_int, default=32, help="prompts per rollout (default: 32)")
-    parser.add_argument("--samples", type=positive_int, default=8, help="samples per prompt (default: 8)")
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timing repeats, median reported (default: 5)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: 1, the lab's setting)")
+    parser.add_argument("--prompts", type=PROMPTS, default=32, help="prompts per rollout (default: 32)")
+    parser.add_argument("--samples", type=SAMPLES, default=8, help="samples per prompt (default: 8)")
+    parser.add_argument("--repeats", type=REPEATS, default=5, help="timing repeats, median reported (default: 5)")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (default: 1, the lab's setting)")
     parser.add_argument("--cache-dir", default=None, help="warm-up cache directory (default: $MISMATCH_CTRL_CACHE/lab "
                         "or ~/.cache/mismatch_ctrl/lab)")
     parser.add_argument("--json", help="write every number to this file")

@@ -10,6 +10,11 @@ from .check_config import check_config_command
 from .lab import compare_command, lab_command
 
 
+UNHASHED_HELP = ("count finished run folders whose fingerprint.json records no file hashes (written by a lab before "
+                 "hashes were recorded, or with its list removed: their files cannot be checked); without it they are "
+                 "refused, naming each")
+
+
 def expert_count(text: str) -> int:
     """``--num-experts``: an integer >= 0 (0: dense), as Megatron's flag."""
     try:
@@ -127,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train nothing: write OUT's summary, report and plots again from its runs' metrics")
     lab.add_argument("--cache-dir", type=options.directory,
                      help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
+    lab.add_argument("--trust-unhashed", action="store_true", help=UNHASHED_HELP)
     lab.set_defaults(run=lab_command, command_parser=lab)
     from ..lab.results.frontier import VERSUS
 
@@ -157,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "the lab settings, the warm-up and each method's configuration, as the runs' "
                               "fingerprints record them) on purpose, or, with --pairs, pairs A B that differ in more "
                               "than one setting; the table names the differences. Without it they are refused")
+    compare.add_argument("--trust-unhashed", dest="compare_trust_unhashed", action="store_true", help=UNHASHED_HELP)
     compare.set_defaults(run=compare_command, command_parser=compare)
 
     from ..analyze.analysis import eps_option, number_option

@@ -31,10 +31,11 @@ from .precision import precision_problems
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
-from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, flag_problems, host_memory_bytes,
-                        import_problems, local_gpu_problems, path_problems, ray_problems, resume_point,
-                        user_flags)
+from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, file_problem, flag_problems,
+                        host_memory_bytes, import_problems, local_gpu_problems, path_problems, ray_problems,
+                        resume_point, user_flags)
 from .settings import Settings, setting_of_flag, usage
+from .values import absolute_path_notes, group_size_problems, option_like_problems, samples_problems
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 COMPUTE = {"bf16": "BF16", "fp8": "FP8 blockwise e4m3 (Transformer Engine)",
@@ -119,10 +120,11 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
     positive integer is named by the settings' own check, and the method is checked without it). A PYTHON without
     torch cannot run the check: in ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
     config = s["METHOD_CONFIG"]
-    if not Path(config).is_file():
-        methods = sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml"))
-        return "", [f"METHOD_CONFIG={config} does not exist (METHOD={s['METHOD']}; methods in configs/methods: "
-                    f"{' '.join(methods)})"], []
+    methods = " ".join(sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml")))
+    problem = file_problem("METHOD_CONFIG", config, f"a method YAML (methods in configs/methods: {methods})",
+                           f"METHOD={s['METHOD']}; methods in configs/methods: {methods}")
+    if problem is not None:
+        return "", [problem], []
     environment = job_env(s)
     run_length = ["--num-rollout", s["NUM_ROLLOUT"]] if s.is_positive_integer("NUM_ROLLOUT") else []
     done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, *run_length, "--num-experts",
@@ -250,7 +252,12 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         report.die(2, str(exc))
 
     errors = s.problems()
+    if not errors:
+        errors += samples_problems(s) + group_size_problems(s, train_args(s, model, user.extra)) + \
+            option_like_problems(s, ["--address", s["RAY_ADDRESS"], *entrypoint(s, model, [])])
     settings_valid = not errors
+    for line in absolute_path_notes(s):
+        report.warn(line)
     served = served_checkpoint(s, model)
     if not errors:
         errors += checkpoint_kind_problems(served, s.rollout_checkpoint, model, s["MODEL"],
@@ -262,9 +269,11 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
     if not errors:
         layout = Layout.from_settings(s)
         errors += trainer_problems(layout, model) + engine_problems(layout, shape, source)
-        if s.int("EVAL_INTERVAL") > 0 and not Path(s["EVAL_CONFIG"]).is_file():
-            errors.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} does not exist (or set EVAL_INTERVAL=0 to train without "
-                          "evaluation)")
+        eval_config = file_problem("EVAL_CONFIG", s["EVAL_CONFIG"], "slime's eval config YAML (e.g. recipes/"
+                                   "qwen3_30b_a3b/eval_light.yaml), or set EVAL_INTERVAL=0 to train without "
+                                   "evaluation", "or set EVAL_INTERVAL=0 to train without evaluation")
+        if s.int("EVAL_INTERVAL") > 0 and eval_config is not None:
+            errors.append(eval_config)
         else:
             length_errors, length_warnings = response_lengths_check(s, shape, source, user.extra)
             errors += length_errors
@@ -294,7 +303,8 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             report.die(1, str(exc))
         return 0
 
-    command = submit_command(s, model, user.extra, nvls_enable(s["NCCL_NVLS_ENABLE"]), ray)
+    nvls = s["NCCL_NVLS_ENABLE"] if user.dry_run else nvls_enable(s["NCCL_NVLS_ENABLE"])  # no GPU tool in a dry run
+    command = submit_command(s, model, user.extra, nvls, ray)
     paths = path_problems(s, report.launcher, served) + deferred
     summary(s, model, layout, method_summary, report)
     report.note(f"engine layout checked on the model shape {source}")
@@ -319,6 +329,10 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         for line in cost.warnings():
             report.warn(line)
     if user.dry_run:
+        if nvls == "auto":
+            report.note("NCCL_NVLS_ENABLE=auto is decided when the job is submitted (1 when `nvidia-smi topo -m` on "
+                        "this node shows NVLink, else 0): a dry run runs no GPU tool, so the command shows auto; set "
+                        "NCCL_NVLS_ENABLE=0 or 1 to fix it")
         report.lines("warning (an error at launch)", paths)
         if ray is None:
             report.lines("warning", unknown_ray_problems(s, entrypoint(s, model, user.extra)))

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import yaml
 
+from .. import regular_files
 from ..formatting import clip
 from ..errors import StateError
 from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker, tracker_in
@@ -26,8 +27,22 @@ IMPORT_TARGETS = ("slime", "megatron.training",
 _INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
-EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError)
+EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError, RecursionError)
 """What reading an unusable EVAL_CONFIG raises in :func:`eval_sets`."""
+MAX_EVAL_CONFIG_BYTES = 1 << 20
+"""slime's eval config lists a few datasets: a few KB; a larger file is not one."""
+
+
+def file_problem(name: str, path: str, what_for: str, missing: str) -> str | None:
+    """None when the setting ``name`` names a regular file, else a line naming what ``path`` is instead: ``missing``
+    (the advice for a path that does not exist) or, for a directory, a FIFO, a device or a broken link, that it must
+    be ``what_for``."""
+    what = regular_files.what_is(path)
+    if what is None:
+        return None
+    if what == "missing":
+        return f"{name}={path} does not exist ({missing})"
+    return f"{name}={path} is {what}, not a regular file: give {what_for}"
 
 
 @dataclass(frozen=True)
@@ -53,8 +68,7 @@ def eval_sets(s: Settings, extra: Sequence[str] = ()) -> list[EvalSet]:
     set). Raises one of :data:`EVAL_CONFIG_ERRORS` for a file that cannot be read or a value of the wrong form."""
     if s.int("EVAL_INTERVAL") == 0:
         return []
-    with open(s["EVAL_CONFIG"]) as f:
-        root = yaml.safe_load(f) or {}
+    root = yaml.safe_load(regular_files.read_text(s["EVAL_CONFIG"], MAX_EVAL_CONFIG_BYTES)) or {}
     if not isinstance(root, dict):
         raise ValueError("not a mapping at its root, as slime needs")
     config = root.get("eval", root)
@@ -155,7 +169,8 @@ def resume_problems(s: Settings) -> list[str]:
 
 
 def eval_config_error(s: Settings, exc: Exception) -> str:
-    return f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {type(exc).__name__}: {clip(str(exc), 300)}"
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    return f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {clip(reason, 300)}"
 
 
 def local_gpu_problems(s: Settings) -> list[str]:

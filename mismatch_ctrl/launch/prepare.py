@@ -8,11 +8,13 @@ Commands are printed (stdout) before they run; with ``--dry-run`` they are only 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .. import regular_files
 from ..slime.names import TRACKER, is_megatron_checkpoint
 from .command import format_command, job_pythonpath
 from .model_shape import MegatronModel, inspect_checkpoint
@@ -62,6 +64,8 @@ class Preparation:
                 out.append(f"{name}={s[name]} exists without {COMPLETE_MARKER}, so --prepare did not write it and "
                            f"leaves it alone: if it is a finished checkpoint run 'touch {s[name]}/{COMPLETE_MARKER}', "
                            "otherwise remove it")
+            elif state == "missing":
+                out += _stale_partial_problems(name, f"{s[name]}.partial")
         if self.converts:
             if Path(s["MODEL_DIR"]).is_dir():
                 out += inspect_checkpoint(s["MODEL_DIR"], "bf16", "MODEL_DIR", self.model).all_problems
@@ -91,7 +95,7 @@ class Preparation:
 
     def _convert(self, name: str, directory: str, verify: Callable[[str], str], words: Sequence[str]) -> None:
         partial = f"{directory}.partial"
-        if Path(partial).exists():
+        if os.path.isdir(partial) and not os.path.islink(partial):  # anything else is named by problems()
             self.note(f"[{name}] removing {partial}, left by an interrupted run")
             self._step(name, ["rm", "-rf", "--", partial])
         if not self._show_and_run(words):
@@ -141,6 +145,20 @@ class Preparation:
 
     def _verify_fp8(self, directory: str) -> str:
         return "; ".join(inspect_checkpoint(directory, "fp8", "FP8_HF_DIR", self.model).all_problems)
+
+
+def _stale_partial_problems(name: str, partial: str) -> list[str]:
+    """A ``DIR.partial`` that an interrupted conversion cannot have left (a symbolic link, a file, a FIFO, ...): the
+    conversion would remove it (``rm -rf``) or write through it, so it is named with what it is, and left alone."""
+    if os.path.islink(partial):
+        return [f"{name}: {partial} is a symbolic link (to {os.readlink(partial)}), not the folder an interrupted "
+                "--prepare leaves (which the next one removes and converts again): remove the link yourself (rm "
+                f"{partial}; its target stays) or point {name} elsewhere, then rerun --prepare"]
+    what = regular_files.what_is(partial) or "a file"
+    if what in ("missing", "a directory"):
+        return []
+    return [f"{name}: {partial} is {what}, not the folder an interrupted --prepare leaves (which the next one removes "
+            f"and converts again): move it away or delete it, then rerun --prepare"]
 
 
 def _verify_torch_dist(directory: str) -> str:

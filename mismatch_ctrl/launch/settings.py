@@ -6,6 +6,7 @@ script supplies ``METHOD``, ``MODEL`` and ``TRAIN_PRECISION`` defaults, the bash
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -160,6 +161,29 @@ SANE_RANGES = {
                                 "0.28"),
 }
 """(lowest, highest, why) of the numbers a run can take: values no run should get are refused before any command."""
+MOST_GPUS = 65536
+"""More GPUs than a cluster gives one job: the bound of every count of GPUs or of their parallel groups."""
+UPPER_BOUNDS = {
+    "NUM_NODES": (MOST_GPUS // 8, "more nodes than a cluster gives one job"),
+    "GPUS_PER_NODE": (16, "a node holds at most 16 GPUs (an H100 HGX node: 8)"),
+    **{name: (MOST_GPUS, "more GPUs than a cluster gives one job") for name in
+       ("TP", "PP", "CP", "EP", "ETP", "ROLLOUT_GPUS_PER_ENGINE", "ROLLOUT_EP")},
+    "N_SAMPLES_PER_PROMPT": (1024, "samples of one prompt, each a request SGLang generates; RL recipes use 4 to 64"),
+    "ROLLOUT_BATCH_SIZE": (65536, "prompts of one rollout, all held by slime's rollout manager at once"),
+    "GLOBAL_BATCH_SIZE": (65536, "at most the samples of one rollout (ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT)"),
+    "NUM_ROLLOUT": (10**6, "a rollout takes minutes on a cluster: a million of them is years"),
+    "MAX_RESPONSE_LEN": (1 << 20, "no rollout engine's context holds a million tokens"),
+    "MAX_TOKENS_PER_GPU": (1 << 20, "a micro-batch of a million tokens does not fit one GPU beside the model"),
+    "SAVE_INTERVAL": (10**6, "at most NUM_ROLLOUT's bound"),
+    "EVAL_INTERVAL": (10**6, "at most NUM_ROLLOUT's bound"),
+    "FP8_CONVERT_WORKERS": (256, "processes of the FP8 conversion on one node"),
+}
+"""(highest, why) of the counts a cluster can hold; checked on the text before it is read as a number."""
+PATH_SETTINGS = ("REPO_ROOT", "METHOD_CONFIG", "MODEL_ARGS_FILE", "EVAL_CONFIG", "SLIME_DIR", "MEGATRON_DIR",
+                 "MODEL_DIR", "FP8_HF_DIR", "TORCH_DIST_DIR", "SAVE_DIR", "LOAD_DIR", "DATA_DIR", "PROMPT_DATA",
+                 "TENSORBOARD_DIR")
+"""Settings that are paths: Ray runs the job's processes in other working directories, so a relative path given
+here is made absolute against the launcher's (:attr:`Settings.made_absolute`)."""
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -176,11 +200,17 @@ class Settings:
         self.values: dict[str, str] = {}
         self.defaults: dict[str, str] = {}
         self.profile: ModelProfile | None = None
+        self.made_absolute: dict[str, str] = {}
+        """The relative paths given (setting -> the value as given), now absolute against the working directory."""
         for _, settings in SECTIONS:
             for setting in settings:
                 default = setting.default({**context, **self.values}, self.profile)  # type: ignore[arg-type]
                 self.defaults[setting.name] = default
                 self.values[setting.name] = environ.get(setting.name) or default
+                value = self.values[setting.name]
+                if setting.name in PATH_SETTINGS and value and not value.startswith(("/", "~")):
+                    self.made_absolute[setting.name] = value
+                    self.values[setting.name] = os.path.join(os.getcwd(), value)
                 if setting.name == "METHOD" and not self.values["METHOD"]:
                     raise ConfigError("METHOD is not set: give a method (configs/methods/<METHOD>.yaml)")
                 if setting.name == "MODEL":
@@ -213,11 +243,19 @@ class Settings:
         return self.values["PASS_ENV"].split()
 
     def problems(self) -> list[str]:
-        """A line per value of the wrong form (integers, 0/1 flags, choices, PASS_ENV names)."""
+        """A line per value of the wrong form (integers and their bounds, 0/1 flags, choices, PASS_ENV names, a path
+        starting with ``~``)."""
         out = [f"{name}={self[name]} must be a positive integer" for name in POSITIVE_INTEGERS
                if not self.is_positive_integer(name)]
         if not re.fullmatch(r"0|[1-9][0-9]*", self["EVAL_INTERVAL"]):  # the form of the other integers
             out.append(f"EVAL_INTERVAL={self['EVAL_INTERVAL']} must be 0 (off) or a positive integer")
+        for name, (highest, why) in UPPER_BOUNDS.items():
+            text = self[name]
+            if text.isdigit() and (len(text) > len(str(highest)) or int(text) > highest):
+                out.append(f"{name}={text[:24]}{'...' if len(text) > 24 else ''} is above {highest}: {why}")
+        out += [f"{name}={self[name]} starts with '~', which nothing expands here (a quoted value keeps it): write "
+                "the path in full ($HOME/... in place of ~/...)" for name in PATH_SETTINGS
+                if self[name].startswith("~")]
         out += [f"{name}={self[name]} must be 0 or 1" for name in FLAGS if self[name] not in ("0", "1")]
         if self["NCCL_NVLS_ENABLE"] not in ("0", "1", "auto"):
             out.append(f"NCCL_NVLS_ENABLE={self['NCCL_NVLS_ENABLE']} must be 0, 1 or auto")

@@ -5,6 +5,7 @@ per seed; and every way a run could count twice, or a pooled interval mix settin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -19,7 +20,7 @@ from mismatch_ctrl.lab.model.warmup import WarmupConfig, warmup_preset
 from mismatch_ctrl.lab.results.pooling import POOLED, interactions, pooled_versus
 from mismatch_ctrl.lab.results.table import Run, RunTable
 from mismatch_ctrl.lab.sweeps import sweep
-from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, commit_run, digest
+from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, commit_run, record_digest
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
 from mismatch_ctrl.lab.training.trainer import RUN_FILE
@@ -227,8 +228,8 @@ def test_a_run_json_with_a_setting_of_the_wrong_type_is_a_damaged_run_not_a_trac
     (folder / RUN_FILE).write_text(json.dumps(info))
     fingerprint = json.loads((folder / FINGERPRINT_FILE).read_text())
     fingerprint["inputs"]["settings"] = info["settings"]
-    fingerprint["sha256"] = digest(fingerprint["inputs"])
-    del fingerprint["files"]
+    fingerprint["files"][RUN_FILE] = hashlib.sha256((folder / RUN_FILE).read_bytes()).hexdigest()
+    fingerprint["sha256"] = record_digest(fingerprint["inputs"], fingerprint["files"])
     (folder / FINGERPRINT_FILE).write_text(json.dumps(fingerprint))
     code, _, err = compare(capsys, a)
     assert code == 2 and f"{folder}: a damaged run" in err and f"{key} must be an integer, got {value!r}" in err

@@ -250,7 +250,7 @@ def test_presets_fill_unset_options_and_flags_override_them():
     large = resolve(parser.parse_args(["lab", "--policy", "moe-large"]))  # its own lr unless a flag says otherwise
     assert large["lr"] == POLICY_DEFAULTS["moe-large"]["lr"] != LAB_DEFAULTS["lr"]
     assert resolve(parser.parse_args(["lab", "--policy", "moe-large", "--lr", "2e-3"]))["lr"] == 2e-3
-    assert resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large"]))["lr"] == 1.5e-3
+    assert resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large"]))["lr"] == 1e-4
     assert resolve(parser.parse_args(["lab", "--policy", "dense"]))["lr"] == LAB_DEFAULTS["lr"]
     for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
         o = resolve(parser.parse_args(["lab", "--preset", name]))

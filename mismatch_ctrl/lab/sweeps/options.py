@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +235,20 @@ def ray_address(text: str) -> str:
 
 def resolve(ns: argparse.Namespace) -> dict[str, Any]:
     """The value of every ``LAB_DEFAULTS`` option: given on the command line, else from ``--preset``, else the
-    policy's own default (:data:`POLICY_DEFAULTS`), else the lab's."""
-    preset = LAB_PRESETS[ns.preset] if ns.preset else {}
+    policy's own default (:data:`POLICY_DEFAULTS`), else the lab's.
+
+    A preset's values are tuned for its own policy (``policy`` in the preset, else the lab's ``moe``): with another
+    ``--policy`` that has its own default for one of them (``moe-large``'s lr 1e-4, which the lab's 1e-3 and
+    ``e5m2-edge``'s 1.5e-3 wreck), the policy's default is used instead, and a note on standard error says so (an
+    explicit flag still decides)."""
+    preset = dict(LAB_PRESETS[ns.preset]) if ns.preset else {}
+    policy = ns.policy or preset.get("policy") or LAB_DEFAULTS["policy"]
+    own = POLICY_DEFAULTS.get(policy, {})
+    if policy != preset.get("policy", LAB_DEFAULTS["policy"]):
+        for name in [name for name in own if name in preset and getattr(ns, name) is None]:
+            print(f"mismatch-ctrl lab: note: --preset {ns.preset} sets {name} {preset.pop(name):g} for the "
+                  f"{preset.get('policy', LAB_DEFAULTS['policy'])} policy; --policy {policy} uses its own {name} "
+                  f"{own[name]:g} (give --{name.replace('_', '-')} to choose)", file=sys.stderr)
     given = {name: getattr(ns, name) if getattr(ns, name) is not None else preset.get(name)
              for name in LAB_DEFAULTS}
-    own = POLICY_DEFAULTS.get(given["policy"] or LAB_DEFAULTS["policy"], {})
     return {name: value if value is not None else own.get(name, LAB_DEFAULTS[name]) for name, value in given.items()}
