@@ -5,6 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 OUT ?= runs/lab
+# verl 0.9.1 pins hydra-core (omegaconf 2.3, antlr4 4.9.3), transformers and packaging against ours: its own venv.
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed
 # One thread per process: the suite and the lab are faster and steadier that way on a loaded 2-core machine.
 export OMP_NUM_THREADS ?= 1
 
@@ -14,10 +18,10 @@ GPU_OUT ?= runs/gpu-check
 # says that there is no GPU. Evaluated only by gpu-check (=, not :=).
 GPU_PY = $(firstword $(foreach p,$(wildcard $(PY)) $(PYTHON),$(shell $(p) -c 'import sys, torch;   sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1 && echo $(p))) $(wildcard $(PY)) $(PYTHON))
 
-.PHONY: help venv test demo bench gpu-check lint clean
+.PHONY: help venv verl-venv test test-verl demo bench gpu-check lint clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' -e 's|$$(OUT)|$(OUT)|' -e 's|$$(VENV)|$(VENV)|' -e 's|$$(GPU_OUT)|$(GPU_OUT)|'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' -e 's|$$(OUT)|$(OUT)|' -e 's|$$(VENV)|$(VENV)|' -e 's|$$(GPU_OUT)|$(GPU_OUT)|' -e 's|$$(VERL_VENV)|$(VERL_VENV)|'
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +32,23 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)  ## create .venv with pinned dependencies
 
-test: $(STAMP)  ## run the test suite
+# torch first (the local CPU build), then verl and what its modules import on a CPU, pinned, without resolving verl's
+# declared GPU/logging dependencies (vllm, flash-attn, wandb, tensorboard: requirements-verl.txt says why).
+$(VERL_STAMP): pyproject.toml constraints.txt requirements-verl.txt
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(VERL_PY) -m pip install --quiet --no-deps -r requirements-verl.txt
+	$(VERL_PY) -m pip install --quiet --no-deps -e .
+	touch $(VERL_STAMP)
+
+verl-venv: $(VERL_STAMP)  ## create $(VERL_VENV): verl 0.9.1 on the CPU torch, for the verl adapter's tests
+
+test: $(STAMP) $(VERL_STAMP)  ## run the test suite (tests/verl in $(VERL_VENV), against verl 0.9.1)
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-verl
+
+test-verl: $(VERL_STAMP)  ## run only the verl adapter's tests, against the real verl 0.9.1
+	MISMATCH_CTRL_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q tests/verl
 
 demo: $(STAMP)  ## run the CPU lab comparison on the tiny MoE policy (one seed); report and plots in $(OUT)
 	$(PY) -m mismatch_ctrl lab --out $(OUT)
@@ -48,4 +67,4 @@ lint: $(STAMP)  ## ruff (installed on first use)
 	$(PY) -m ruff check mismatch_ctrl tests benchmarks recipes
 
 clean:  ## remove the virtual environment and run outputs
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VERL_VENV) runs

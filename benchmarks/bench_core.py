@@ -31,7 +31,8 @@ from typing import Callable
 
 import torch
 
-from glibc_malloc import keep_freed_memory  # benchmarks/ is this script's directory
+from bench_options import LENGTH, REPEATS, RESPONSES, SEED, THREADS, check_most, check_order  # benchmarks/
+from glibc_malloc import keep_freed_memory
 from mismatch_ctrl.batch import LOG_RATIO_BOUND, Segments, TokenBatch
 from mismatch_ctrl.correction import apply_correction
 from mismatch_ctrl.dcgrpo import DCGRPOSettings, LagrangeController, shape_advantages, shaping_columns
@@ -43,6 +44,11 @@ DC = DCGRPOSettings(enabled=True, lambda_0=0.05, eta=1.0, eps=0.005, lambda_max=
 GEO = PRESETS["geo_rs_token_tis"]
 LOOP_TARGET = 10.0
 """The vectorised core is at least this many times faster than the per-token Python loop (issue 11)."""
+
+
+MAX_TOKENS = 1 << 25
+"""The most tokens a benchmark batch may hold: 33M fp32 tokens are 128 MB a tensor, and the naive Python loop
+over them takes about an hour on one core."""
 
 
 def make_inputs(seqs: int, min_len: int, max_len: int, seed: int) -> dict[str, object]:
@@ -243,19 +249,21 @@ def main() -> None:
     summary, details = __doc__.split("\n\n", 1)
     parser = argparse.ArgumentParser(description=summary, epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seqs", type=int, default=256, help="number of responses (default 256)")
-    parser.add_argument("--min-len", type=int, default=1000, help="shortest response in tokens (default 1000)")
-    parser.add_argument("--max-len", type=int, default=16000, help="longest response in tokens (default 16000)")
-    parser.add_argument("--repeats", type=int, default=9, help="timed repeats of the vectorised paths (default 9)")
-    parser.add_argument("--loop-repeats", type=int, default=3, help="timed repeats of the loops (default 3)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--seqs", type=RESPONSES, default=256, help="number of responses (default 256)")
+    parser.add_argument("--min-len", type=LENGTH, default=1000, help="shortest response in tokens (default 1000)")
+    parser.add_argument("--max-len", type=LENGTH, default=16000, help="longest response in tokens (default 16000)")
+    parser.add_argument("--repeats", type=REPEATS, default=9, help="timed repeats of the vectorised paths (default 9)")
+    parser.add_argument("--loop-repeats", type=REPEATS, default=3, help="timed repeats of the loops (default 3)")
+    parser.add_argument("--threads", type=THREADS, default=1,
                         help="torch threads (default 1: the targets are per thread, as make bench runs it)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--no-check", action="store_true", help="skip checking that the loops match the core")
     parser.add_argument("--profile", action="store_true", help="print the ops that dominate the vectorised paths")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    check_order(parser, ("--min-len", args.min_len), ("--max-len", args.max_len))
+    check_most(parser, "--seqs x --max-len", args.seqs * args.max_len, MAX_TOKENS,
+               "the tokens of the batch at their longest (the Python loop visits each)")
+    torch.set_num_threads(args.threads)
 
     x = make_inputs(args.seqs, args.min_len, args.max_len, args.seed)
     batch = TokenBatch.build(Segments(x["sizes"]), x["train"], x["rollout"], x["mask"])

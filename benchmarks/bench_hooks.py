@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mismatch_ctrl
 from bench_core import fp8_like_tokens  # benchmarks/ is this script's directory
+from bench_options import REPEATS, RESPONSES, SEED, bounded_int, check_most
 from glibc_malloc import keep_freed_memory
 from mismatch_ctrl import seqstats
 from mismatch_ctrl.batch import Segments, TokenBatch
@@ -74,6 +75,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------------
+
+TOKENS = bounded_int(1, 1 << 24, "tokens of one micro-batch; slime's --max-tokens-per-gpu is ~20k")
+TABLE_TOKENS = bounded_int(64, 1 << 25, "tokens of a batch of 64 responses")
+TIMED_RESPONSES = bounded_int(1, 2048, "responses of 1000-16000 tokens: up to 33M tokens")
+
 
 def make_rollout(seqs: int, min_len: int, max_len: int, seed: int, tokens: int | None = None) -> dict[str, Any]:
     """One global batch in slime's per-sample layout: FP8-like log-prob mismatch ~1e-3 with rare outliers, loss masks
@@ -305,18 +311,22 @@ def main() -> None:
     summary, details = __doc__.split("\n\n", 1)
     parser = argparse.ArgumentParser(description=summary, epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seqs", type=int, nargs="+", default=[8, 64, 256],
-                        help="sequence counts for the op counts (default 8 64 256)")
-    parser.add_argument("--tokens", type=int, default=20480, help="tokens of the micro-batch whose ops are counted "
+    parser.add_argument("--seqs", type=RESPONSES, nargs="+", default=[8, 64, 256],
+                        help="sequence counts for the op counts, each at most --tokens (default 8 64 256)")
+    parser.add_argument("--tokens", type=TOKENS, default=20480, help="tokens of the micro-batch whose ops are counted "
                         "(default 20480)")
-    parser.add_argument("--token-counts", type=int, nargs="+", default=[20_000, 300_000, 2_000_000],
-                        help="token counts of the ops-by-tokens table (default 20000 300000 2000000)")
-    parser.add_argument("--time-seqs", type=int, default=256, help="responses of the timed batch (default 256)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
+    parser.add_argument("--token-counts", type=TABLE_TOKENS, nargs="+", default=[20_000, 300_000, 2_000_000],
+                        help="token counts of the ops-by-tokens table, 64 responses each (default 20000 300000 "
+                             "2000000)")
+    parser.add_argument("--time-seqs", type=TIMED_RESPONSES, default=256,
+                        help="responses of the timed batch, 1000-16000 tokens each (default 256)")
+    parser.add_argument("--repeats", type=REPEATS, default=5, help="timed repeats (default 5)")
     parser.add_argument("--skip-world", action="store_true", help="do not spawn the DP x CP gloo world")
     parser.add_argument("--skip-time", action="store_true", help="do not time the hooks on 2M tokens")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     args = parser.parse_args()
+    check_most(parser, "--seqs", max(args.seqs), args.tokens, "every response of the micro-batch of --tokens tokens "
+               "has at least one token")
     torch.set_num_threads(1)
     logging.getLogger("mismatch_ctrl").setLevel(logging.ERROR)
     print(f"bench_hooks  mismatch_ctrl from {Path(mismatch_ctrl.__file__).parent}  torch {torch.__version__}")

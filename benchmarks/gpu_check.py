@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not installed (the device machine's python3)
     sys.path.insert(0, str(ROOT))
 
-from mismatch_ctrl.lab.sweeps.options import DEFAULT_METHODS, LAB_PRESETS, positive_int  # noqa: E402
+from bench_options import bounded_int  # noqa: E402 (benchmarks/)
+from mismatch_ctrl.lab.sweeps.options import DEFAULT_METHODS, LAB_PRESETS  # noqa: E402
 from mismatch_ctrl.lab.training.settings import AUTO_CUDA_MARGIN, auto_device  # noqa: E402
 
 CUDA_TESTS = ["tests/slime/test_slime_device.py", "tests/slime/test_slime_compiled.py", "tests/lab/test_lab_cuda.py"]
@@ -235,15 +236,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=summary, epilog=details,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="report folder")
-    parser.add_argument("--budget", type=positive_int, default=BUDGET_S, help=f"seconds in all (default {BUDGET_S})")
-    parser.add_argument("--steps", type=positive_int, default=12,
+    parser.add_argument("--budget", type=bounded_int(60, 86400, "seconds: a device lease is minutes, a day at most"),
+                        default=BUDGET_S, help=f"seconds in all (default {BUDGET_S})")
+    parser.add_argument("--steps", type=bounded_int(3, 1000, "rollouts per run"), default=12,
                         help="rollouts per run on CUDA, at least 3: the first (step-0 evaluation, caches) and the "
                              "last (final evaluation) are not timed (default 12)")
-    parser.add_argument("--jobs", type=positive_int, default=8,
+    parser.add_argument("--jobs", type=bounded_int(1, 64, "lab runs sharing one GPU"), default=8,
                         help="concurrent lab runs on the GPU in step 5, as the docs run the gpu-moe preset (default 8)")
     args = parser.parse_args()
-    if args.steps < 3:
-        parser.error("--steps: at least 3 (the first and the last rollout are not timed)")
     args.out = args.out.resolve()
     try:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 replay, over seeds; and the speed of rollout, recompute and weight sync.
 
 For each policy kind (dense, MoE) and seed: the (cached) warm-up of that seed; then for each mode, ``--rollouts``
-rollouts of ``--prompts`` x ``--samples`` from the engine, each recomputed by the fp32 policy with its own routing and
+rollouts of ``--prompts`` x ``--samples`` from the engine, each recomputed by the trainer (the fp32 policy, or the
+precision a ``+train-bf16`` / ``+train-fp16`` mode names) with its own routing and
 with the engine's expert sets (R3, MoE only; paired on the same tokens). Printed per policy and mode as mean
 [min, max] over seeds: the floor (median ``C_bar`` over the rollouts, what DC-GRPO's eps guard and ``eps: auto``
 measure), the floor with R3, the paired reduction by R3, the tails of ``|log ratio|`` (99th percentile, maximum) with
@@ -23,9 +24,10 @@ import torch
 from mismatch_ctrl.lab.results.stats import spread
 from mismatch_ctrl.lab.model.engine import RolloutEngine
 from mismatch_ctrl.lab.model.floor import measure_floor
-from mismatch_ctrl.lab.sweeps.options import positive_int, seed_list
+from bench_options import PROMPTS, REPEATS, SAMPLES, THREADS, bounded_int  # benchmarks/ is this script's directory
+from mismatch_ctrl.lab.sweeps.options import seed_list
 from mismatch_ctrl.lab.model.policy import POLICY_KINDS
-from mismatch_ctrl.lab.model.quant import QUANT_MODES
+from mismatch_ctrl.lab.model.quant import QUANT_MODES, QuantConfig
 from mismatch_ctrl.lab.model.warmup import WARMUP_PRESETS, warmup_policy, warmup_preset
 
 COLUMNS = [
@@ -53,21 +55,32 @@ def cell(values: list[float]) -> str:
     return f"{s.mean:.3g} [{s.min:.3g}, {s.max:.3g}]" if s.n > 1 else f"{s.mean:.3g}"
 
 
+def quant_mode(text: str) -> str:
+    """An engine mode (``QuantConfig.from_mode``), by its canonical name."""
+    try:
+        return QuantConfig.from_mode(text).mode
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(WARMUP_PRESETS), default="add", help="lab task (default: add)")
     parser.add_argument("--policies", nargs="+", choices=sorted(POLICY_KINDS), default=["dense", "moe"],
                         help="policy kinds (default: dense moe)")
-    parser.add_argument("--modes", nargs="+", choices=list(QUANT_MODES), default=["none", "bf16", "e4m3", "e5m2"],
-                        help="quantisation modes (default: none bf16 e4m3 e5m2)")
+    parser.add_argument("--modes", nargs="+", type=quant_mode, default=["none", "bf16", "e4m3", "e5m2"],
+                        help=f"engines: modes of {', '.join(QUANT_MODES)}, with suffixes as mismatch-ctrl lab --quant "
+                             "takes them (+router, +tempX, +train-bf16 / +train-fp16: the trainer's precision) "
+                             "(default: none bf16 e4m3 e5m2)")
     parser.add_argument("--seeds", type=seed_list, default=(0, 1, 2), help="warm-up and sampling seeds (default: "
                         "0,1,2)")
-    parser.add_argument("--rollouts", type=positive_int, default=10,
+    parser.add_argument("--rollouts", type=bounded_int(1, 10000, "rollouts measured per policy, mode and seed"),
+                        default=10,
                         help="rollouts per policy, mode and seed (default: 10)")
-    parser.add_argument("--prompts", type=positive_int, default=32, help="prompts per rollout (default: 32)")
-    parser.add_argument("--samples", type=positive_int, default=8, help="samples per prompt (default: 8)")
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timing repeats, median reported (default: 5)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: 1, the lab's setting)")
+    parser.add_argument("--prompts", type=PROMPTS, default=32, help="prompts per rollout (default: 32)")
+    parser.add_argument("--samples", type=SAMPLES, default=8, help="samples per prompt (default: 8)")
+    parser.add_argument("--repeats", type=REPEATS, default=5, help="timing repeats, median reported (default: 5)")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (default: 1, the lab's setting)")
     parser.add_argument("--cache-dir", default=None, help="warm-up cache directory (default: $MISMATCH_CTRL_CACHE/lab "
                         "or ~/.cache/mismatch_ctrl/lab)")
     parser.add_argument("--json", help="write every number to this file")

@@ -18,7 +18,8 @@ import time
 import torch
 
 from mismatch_ctrl.lab.model.engine import RolloutEngine
-from mismatch_ctrl.lab.sweeps.options import positive_int, quant_list
+from bench_options import PROMPTS, REPEATS, SAMPLES, THREADS  # benchmarks/ is this script's directory
+from mismatch_ctrl.lab.sweeps.options import quant_list
 from mismatch_ctrl.lab.model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
 from mismatch_ctrl.lab.model.task import EOS, make_task
 
@@ -52,10 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", choices=sorted(POLICY_KINDS), default="moe", help="policy kind (default: moe)")
     parser.add_argument("--quant", type=quant_list, default="e4m3", help="engine, one mode (default: e4m3)")
-    parser.add_argument("--prompts", type=positive_int, default=32, help="prompts per rollout (default: 32)")
-    parser.add_argument("--samples", type=positive_int, default=8, help="samples per prompt (default: 8)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timing repeats, median (default: 3)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: 1, the lab's)")
+    parser.add_argument("--prompts", type=PROMPTS, default=32, help="prompts per rollout (default: 32)")
+    parser.add_argument("--samples", type=SAMPLES, default=8, help="samples per prompt (default: 8)")
+    parser.add_argument("--repeats", type=REPEATS, default=3, help="timing repeats, median (default: 3)")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch threads (default: 1, the lab's)")
     args = parser.parse_args(argv)
     if "," in args.quant:
         parser.error("--quant: give one engine")

@@ -7,11 +7,11 @@ with a plain ``python3`` + PyYAML. The rule: MoE iff the expert count is > 0, wh
 
 from __future__ import annotations
 
-import json
 import numbers
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from . import regular_files
 from .errors import ConfigError
 from .formatting import brief, clip
 
@@ -19,22 +19,26 @@ Architecture = Literal["dense", "moe"]
 ARCHITECTURES: tuple[str, ...] = ("dense", "moe")
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 """``config.json`` keys that give the number of routed experts (Qwen3-MoE, Mixtral, DeepSeek, others)."""
+MAX_HF_CONFIG_BYTES = 16 << 20
+"""A model's ``config.json`` is a few KB (a vision model's, tens); a larger file is not one."""
 
 
 def read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """``(file, contents)`` of a Hugging Face ``config.json`` given as the file or its model directory.
 
-    Raises :class:`ConfigError` naming the file when it cannot be read, is not JSON or is not a JSON object.
+    Raises :class:`ConfigError` naming the file when it cannot be read (no regular file, larger than
+    :data:`MAX_HF_CONFIG_BYTES`, not UTF-8: ``regular_files``), is not JSON or is not a JSON object.
     """
     path = Path(path)
-    path = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(path.read_text())
+    path = path / "config.json" if path.is_dir() and path.suffix != ".json" else path  # a directory named *.json
+    try:                                                                                # is refused by name below
+        data = regular_files.read_json(path, MAX_HF_CONFIG_BYTES)
     except RecursionError:
         raise ConfigError(f"the Hugging Face config {path} is nested too deeply to be a model's config.json; give the "
                           "model directory (slime's --hf-checkpoint) or its config.json") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the Hugging Face config {path} ({clip(str(exc), 200)}); give the model "
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read the Hugging Face config {path} ({clip(reason, 200)}); give the model "
                           "directory (slime's --hf-checkpoint) or its config.json, or set mismatch_ctrl.architecture"
                           ) from None
     if not isinstance(data, dict):

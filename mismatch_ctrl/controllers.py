@@ -10,6 +10,7 @@ lambda -> dual update -> surge detector and LR scale -> ACRL band. The slime ada
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -26,7 +27,9 @@ from .errors import StateError
 from .lr_schedule import LengthTriggeredLR, SurgeDetector
 from .metrics import METRIC_COLUMNS, mismatch_metrics
 from .seqstats import BatchTotals, Reduced, SeqStats, reduce_batch
-from .state import count, mapping, optional, validated
+from .state import StateStore, count, mapping, optional, validated
+
+log = logging.getLogger("mismatch_ctrl")
 
 
 @dataclass(frozen=True)
@@ -184,3 +187,23 @@ class ControllerSet:
         self.dcgrpo, self.surge, self.acrl = restored.dcgrpo, restored.surge, restored.acrl
         self.lr = LengthTriggeredLR(self.config.lr_decay, self.surge) if self.config.lr_decay.enabled else None
         self.last_rollout = state["last_rollout"]
+
+
+def restore(config: Config, store: StateStore, rollout_id: int, place: str) -> ControllerSet:
+    """The controllers of ``config`` with the state saved after ``rollout_id`` in ``store``, as every adapter resumes
+    them: validated against the configuration (the state protocol) and against its place (``last_rollout`` is
+    ``rollout_id``; ``place`` names it in the error, e.g. ``"rollout 5"``). A missing or invalid state raises
+    :class:`StateError` naming the fix; with ``state.resume: fresh`` the controllers start afresh, with a warning."""
+    controllers = ControllerSet(config)
+    try:
+        controllers.load_state_dict(store.load(rollout_id), f"{store.path(rollout_id)}: state")
+        if controllers.last_rollout != rollout_id:
+            raise StateError(f"{store.path(rollout_id)}: state.last_rollout: {controllers.last_rollout}, but the file "
+                             f"is the state after {place}: it was edited or copied from elsewhere")
+    except StateError as exc:
+        if config.state.resume != "fresh":
+            raise StateError(f"{exc} To start the controllers from their initial values on purpose, set "
+                             "mismatch_ctrl.state.resume: fresh") from None
+        log.warning("mismatch_ctrl: %s; state.resume=fresh: starting the controllers afresh", exc)
+        return ControllerSet(config)
+    return controllers

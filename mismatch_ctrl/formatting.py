@@ -1,9 +1,12 @@
-"""Number formatting shared by the markdown reports (lab and analyze), and bounded reprs for error messages."""
+"""Number formatting shared by the markdown reports (lab and analyze), bounded reprs for error messages, and commands
+recorded so that they run again."""
 
 from __future__ import annotations
 
+import re
 import reprlib
-from typing import Any
+import shlex
+from typing import Any, Sequence
 
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel = 3
@@ -37,3 +40,30 @@ def brief(value: Any, limit: int = 80) -> str:
 def clip(text: str, limit: int = 400) -> str:
     """``text`` cut to at most ``limit`` characters."""
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ANSI_C = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def shell_command(words: Sequence[str]) -> str:
+    """``words`` as one line that a shell reads back as the same words: ``shlex.join`` (single quotes around any word
+    with a space or a character the shell would read), except that a word holding a newline or another control
+    character is written in ANSI-C quotes (``$'a\\nb'``, read by bash, zsh and ksh), so a recorded command stays one
+    line and, pasted into bash, runs what ran."""
+    return " ".join(_ansi_c(word) if _CONTROL.search(word) else shlex.quote(word) for word in words)
+
+
+def _ansi_c(word: str) -> str:
+    """``$'...'`` with backslash, quote and every control character escaped."""
+    escaped = "".join(_ANSI_C.get(c) or (f"\\x{ord(c):02x}" if _CONTROL.fullmatch(c) else c) for c in word)
+    return f"$'{escaped}'"
+
+
+def code_span(text: str) -> str:
+    """``text`` as one markdown code span: fenced by one backtick more than its longest run of backticks (CommonMark),
+    padded with a space where it starts or ends with one."""
+    runs = [len(run) for run in re.findall(r"`+", text)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

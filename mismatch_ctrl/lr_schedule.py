@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from .errors import StateError
+from .errors import ConfigError, StateError
 from .state import count, list_of, mapping, nonnegative, optional, positive, validated
 
 TRUNCATION_HEADROOM = 0.9
@@ -242,3 +242,19 @@ class LengthTriggeredLR:
                              "keep the period setting fixed across a resume")
         if self.detector is not None:
             self.detector.load_state_dict(state["detector"], f"{where}.detector")
+
+
+def scale_scheduled_groups(groups: Any, scheduler: Any, max_lr: float, min_lr: float, scale: float,
+                           settings: str) -> None:
+    """Apply the factor ``scale`` under megatron-core's ``OptimizerParamScheduler`` (slime's, and verl's Megatron
+    engine's): every param group gets ``max_lr * scale`` and ``min_lr * scale`` as its own ``max_lr`` / ``min_lr``,
+    which ``get_lr(group)`` reads before the scheduler's (megatron-core 0.16 ``optimizer_param_scheduler.py:215-
+    223``), and ``lr = scheduler.get_lr(group)``; the scheduler's own state is never touched. A group with its own
+    schedule (``default_config`` false) is refused, naming the adapter's ``settings`` the factor scales."""
+    for group in groups:
+        if group.get("default_config", True) is False:
+            raise ConfigError("lr_decay: a param group has its own LR schedule (megatron param-group overrides); "
+                              f"the length-decay factor can only scale the default {settings} schedule")
+        group["max_lr"] = max_lr * scale
+        group["min_lr"] = min_lr * scale
+        group["lr"] = scheduler.get_lr(group)

@@ -15,7 +15,8 @@ preset                 expands to
 =====================  ==========================================================================================
 
 The correction section also takes the keys of the pinned slime's ``examples/train_infer_mismatch_helper/mis.yaml``
-(:func:`from_slime_mis`), the older ``mis_*`` names and verl's ``rollout_*`` names (:data:`FIELD_ALIASES`).
+(:func:`from_slime_mis`), the older ``mis_*`` names (:data:`FIELD_ALIASES`) and verl 0.9.1's ``rollout_*`` keys
+(:mod:`mismatch_ctrl.verl_vocabulary`).
 """
 
 from __future__ import annotations
@@ -56,16 +57,10 @@ FIELD_ALIASES: dict[str, str] = {
     "mis_lower_bound": "is_low",
     "mis_upper_bound": "is_high",
     "mis_veto_threshold": "veto",
-    # verl algorithm.rollout_correction
-    "rollout_is": "is_level",
-    "rollout_is_threshold": "is_high",
-    "rollout_is_batch_normalize": "batch_normalize",
-    "rollout_rs": "rs_level",
-    "rollout_rs_threshold": "rs_high",
-    "rollout_rs_threshold_lower": "rs_low",
-    "rollout_token_veto_threshold": "veto",
 }
-"""Correction-section keys accepted under the names of slime's older mis.yaml and verl's rollout_correction."""
+"""Correction-section keys accepted under the names of slime's older mis.yaml. verl 0.9.1's ``rollout_*`` keys
+mean values, not just names (a ``"lo_hi"`` threshold, ``seq_mean_k3``): :func:`mismatch_ctrl.verl_vocabulary.
+from_verl_keys` translates them."""
 
 
 def canonical_preset(name: str) -> str:

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from . import regular_files
 from .errors import StateError
 from .formatting import brief, clip
 
@@ -249,9 +250,10 @@ class StateStore:
         """The state saved after rollout ``rollout_id``; :class:`StateError` if missing, corrupt or foreign."""
         path = self.path(rollout_id)
         if path.exists() or path.is_symlink():
-            if not path.is_file():
-                raise StateError(f"{path}: not a regular file (a directory, FIFO, device or broken link); put the "
-                                 "state file written by the run back, or move this away and resume with --finetune")
+            what = regular_files.what_is(path)
+            if what is not None:
+                raise StateError(f"{path}: not a regular file ({what}); put the state file written by the run back, "
+                                 "or move this away and resume with --finetune")
         else:
             have = self.rollout_ids()
             raise StateError(
@@ -259,13 +261,12 @@ class StateStore:
                 f"(state files present for rollouts {have or 'none'}). Restore the file from the run that wrote the "
                 "checkpoint, or start the controllers afresh on purpose with --finetune or a new --save directory.")
         try:
-            if path.stat().st_size > MAX_STATE_BYTES:
-                raise ValueError(f"{path.stat().st_size} bytes, more than a state file's {MAX_STATE_BYTES}")
-            document = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+            document = regular_files.read_json(path, MAX_STATE_BYTES, object_pairs_hook=_unique_keys)
             if _deeper_than(document, MAX_DEPTH):
                 raise ValueError(f"values nested deeper than a state file's {MAX_DEPTH} levels")
         except (OSError, ValueError, RecursionError) as exc:
-            raise StateError(f"{path}: unreadable mismatch_ctrl state ({clip(str(exc), 200)})") from None
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StateError(f"{path}: unreadable mismatch_ctrl state ({clip(reason, 200)})") from None
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             raise StateError(f"{path}: not a mismatch_ctrl state file (format {brief(document.get('format'))})"
                              if isinstance(document, dict) else f"{path}: not a mismatch_ctrl state file")

@@ -26,6 +26,7 @@ from ..dcgrpo import EPS_MAX
 from ..errors import ConfigError, InputError
 from ..formatting import brief, clip
 from ..sketch import histogram_quantiles
+from .consistency import RunChecks
 from .dumps import DumpError, RolloutDump, Skipped, find_rollouts, read_rollout
 from .replay import Replay
 from .stats import (PRESET_NAMES, PROB_DIFF_QUANTILES, TAIL_THRESHOLDS, one_engine_batch, quantile_key, rollout_stats,
@@ -143,9 +144,12 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
     tail_counts = [0.0] * len(TAIL_THRESHOLDS)
     pooled_tokens = 0.0
     truncated_lengths: list[int] = []
+    checks, samples = RunChecks(options.max_response_len), 0
     for files in _progress(groups, options.progress):
         try:
             dump = read_rollout(files, options.unsafe_load, options.reward_key)
+            checks.observe(dump)
+            samples += dump.num_samples
             with warnings.catch_warnings():  # dropped tokens are counted in the report
                 warnings.filterwarnings("ignore", message=re.escape(DROPPED_WARNING))
                 batch = token_batch(dump, config.nonfinite)
@@ -175,6 +179,10 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
         del dump, batch, one_engine, stats
     if not rows:
         raise DumpError(f"{directory}: no readable rollout{_skipped_text(skipped)}")
+    if not samples:
+        raise DumpError(f"{directory}: the dumps of its {len(rows)} rollout(s) hold no samples (every 'samples' list "
+                        "is empty): nothing to measure; analyse the dumps of a run that trained"
+                        f"{_skipped_text(skipped)}")
 
     max_len, max_len_source = options.max_response_len, "--max-response-len"
     if max_len is None and truncated_lengths:
@@ -182,12 +190,13 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
     elif max_len is None:
         max_len_source = None
     ids = [row["rollout_id"] for row in rows]
+    missing = missing_ids(ids)
     result = {
         "source": str(directory),
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
         "method": {"file": str(method), "name": config.name, "architecture": config.architecture,
                    "architecture_source": arch_source, "dcgrpo": config.dcgrpo.enabled},
-        "counts": {"rollouts": len(rows), "first": min(ids), "last": max(ids), "missing": missing_ids(ids),
+        "counts": {"rollouts": len(rows), "first": min(ids), "last": max(ids), "missing": missing,
                    **{f"with_{key}": sum(bool(r[key]) for r in rows)
                       for key in ("train_log_probs", "rollout_log_probs", "both_log_probs", "trained_tokens")},
                    "measured": sum(r["measured"] for r in rows),
@@ -207,6 +216,7 @@ def analyze_dumps(directory: str | Path, options: AnalyzeOptions = AnalyzeOption
         "surge": replay.surge(max_len),
         "rollouts": rows,
         "skipped": [dataclasses.asdict(s) for s in skipped],
+        "consistency": checks.findings(missing, min(ids), max(ids)),
     }
     return _finite(result)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..formatting import fmt
+from ..formatting import code_span, fmt
+from ..regular_files import save_figure, write_atomic
 from ..smoothing import moving_average
 from .eps_changes import CALIBRATION, INFEASIBLE_BUDGET
 from .stats import PRESET_NAMES
@@ -226,13 +227,15 @@ def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "mi
     counts, method = result["counts"], result["method"]
     missing = counts["missing"]
     lines = [f"# Mismatch analysis of `{result['source']}`", "",
-             f"Generated {result['generated']} by `{command}`. Method `{method['name']}` ({method['file']}), "
+             f"Generated {result['generated']} by {code_span(command)}. Method `{method['name']}` ({method['file']}), "
              f"architecture {method['architecture']} ({method['architecture_source']}).", "",
              f"Read {counts['rollouts']} rollouts ({counts['first']} to {counts['last']}"
              + (f"; {missing['count']} missing: {_ranges(missing)}" if missing["count"] else "")
              + f"): {counts['with_train_log_probs']} with the training engine's log-probs, "
                f"{counts['with_rollout_log_probs']} with the rollout engine's, {counts['measured']} measured (both, "
                "and trained tokens).", ""]
+    if result.get("consistency"):
+        lines += ["**These dumps may not be one run's:**", "", *(f"- {line}" for line in result["consistency"]), ""]
     lines += _data_problems(counts) + _recommendations(result) + _distribution(result)
     try:
         plots = write_plots(result, out_dir / "plots")
@@ -248,7 +251,7 @@ def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "mi
         lines += [f"- skipped `{s['path']}`: {s['reason']}" for s in result["skipped"]]
         lines += [f"- rollout {rid}: {note}" for rid, note in notes]
     path = out_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_atomic(path, ("\n".join(lines) + "\n").encode())
     return path
 
 
@@ -279,7 +282,7 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
             axes[-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        save_figure(fig, path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
 

@@ -21,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns, unknown = parser.parse_known_args(argv)
     if unknown:  # argparse names a subcommand's unknown option under the top-level usage: give the subcommand's
         ns.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    ns.argv = list(sys.argv[1:] if argv is None else argv)  # recorded by lab and analyze (shell_command)
     try:
         return ns.run(ns)
     except BrokenPipeError:  # the reader of standard output went away (`analyze --json - | head`): stop quietly

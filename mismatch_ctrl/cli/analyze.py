@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..formatting import shell_command
 
 
 def analyze_command(ns: argparse.Namespace) -> int:
     from ..analyze import AnalyzeOptions, DumpError, analyze_dumps, write_report
+    from ..analyze.consistency import warnings_of
     from ..analyze.dumps.rollout import is_refusal
     from ..analyze.report import not_measured
     from ..errors import InputError
@@ -28,7 +30,7 @@ def analyze_command(ns: argparse.Namespace) -> int:
             raise DumpError(f"{ns.directory}: not a directory; give the --dump-details directory of a slime run")
         _check_outputs(out, json_path, create=Path(ns.directory).is_dir())
         result = analyze_dumps(ns.directory, options)
-        report = write_report(result, out, command="mismatch-ctrl analyze " + " ".join(sys.argv[2:]))
+        report = write_report(result, out, command=shell_command(["mismatch-ctrl", *ns.argv]))
         if json_path is not None:
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,6 +47,8 @@ def analyze_command(ns: argparse.Namespace) -> int:
     if ns.json == "-":
         print(json.dumps(result, indent=1))
     print(f"report: {report}", file=sys.stderr if ns.json == "-" else sys.stdout)
+    for line in warnings_of(result):
+        print(f"mismatch-ctrl analyze: warning: {line}", file=sys.stderr)
     counts = result["counts"]
     partial = [row["rollout_id"] for row in result["rollouts"] if any(map(is_refusal, row["notes"]))]
     refused = bool(result["skipped"] or partial)

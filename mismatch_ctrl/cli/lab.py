@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..formatting import shell_command
 
 if TYPE_CHECKING:
     from ..lab.training.methods import RunSpec
@@ -64,7 +65,7 @@ def lab_command(ns: argparse.Namespace) -> int:
                   "them (the report is rewritten from OUT's runs as they were trained)", file=sys.stderr)
             return 2
         try:
-            result = rewrite_report(Path(ns.out), "mismatch-ctrl lab " + " ".join(sys.argv[2:]))
+            result = rewrite_report(Path(ns.out), shell_command(["mismatch-ctrl", *ns.argv]), ns.trust_unhashed)
         except (ValueError, SweepError) as exc:
             print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
             return 2
@@ -80,8 +81,8 @@ def lab_command(ns: argparse.Namespace) -> int:
         return 2
     executor = RayExecutor(ns.ray_address) if ns.ray_address is not None else LocalExecutor(ns.jobs)
     try:
-        result = run_lab(runs, settings, Path(ns.out), command="mismatch-ctrl lab " + " ".join(sys.argv[2:]),
-                         cache_dir=ns.cache_dir, seeds=seeds, executor=executor)
+        result = run_lab(runs, settings, Path(ns.out), command=shell_command(["mismatch-ctrl", *ns.argv]),
+                         cache_dir=ns.cache_dir, seeds=seeds, executor=executor, trust_unhashed=ns.trust_unhashed)
     except SweepError as exc:
         print(f"mismatch-ctrl lab: {exc}", file=sys.stderr)
         return 130 if isinstance(exc, SweepInterrupted) else 2
@@ -116,7 +117,7 @@ def compare_command(ns: argparse.Namespace) -> int:
         print(f"mismatch-ctrl lab compare: --pairs takes directories in pairs A B, got {len(dirs)}", file=sys.stderr)
         return 2
     try:
-        table = read_directories(dirs)
+        table = read_directories(dirs, ns.trust_unhashed or ns.compare_trust_unhashed)
     except SweepError as exc:
         print(f"mismatch-ctrl lab compare: {exc}", file=sys.stderr)
         return 2
@@ -146,7 +147,8 @@ def compare_command(ns: argparse.Namespace) -> int:
         rows = pooled_versus(table, ns.metric, ns.against)
         text = pooled_table(rows, ns.metric, ns.against) if rows else None
         why = ("no run has a GRPO run on its engine (grpo@<engine>) with a seed in common" if ns.against == "grpo" else
-               "no run has an exact-engine run (grpo@none or its own @none) with a seed in common")
+               "no run has an exact-engine run (grpo@none or its own @none) with a seed in common"
+               if ns.against == "exact" else f"no directory holds {ns.against} and another run with a seed in common")
     if text is None:
         print(f"mismatch-ctrl lab compare: nothing to compare: {why}", file=sys.stderr)
         return 2

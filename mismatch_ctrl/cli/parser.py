@@ -10,6 +10,11 @@ from .check_config import check_config_command
 from .lab import compare_command, lab_command
 
 
+UNHASHED_HELP = ("count finished run folders whose fingerprint.json records no file hashes (written by a lab before "
+                 "hashes were recorded, or with its list removed: their files cannot be checked); without it they are "
+                 "refused, naming each")
+
+
 def expert_count(text: str) -> int:
     """``--num-experts``: an integer >= 0 (0: dense), as Megatron's flag."""
     try:
@@ -74,12 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                                        f"replay (needs a MoE --policy) (default: {d['methods']})")
     lab.add_argument("--quant", type=options.quant_list,
                      help="comma list of rollout engines (doses) for runs without @QUANT: runs = methods x engines x "
-                          "seeds, paired by seed. Engines: none (exact fp32), bf16, e4m3 (FP8 weights, activations "
-                          "and LM head), e4m3-w (FP8 weights only), e5m2, e5m2-w, nvfp4 (E2M1, E4M3 scale per 16, fp32 "
-                          "scale per tensor), mxfp4 (E2M1, power-of-two scale per 32), int4 (weights in groups of "
-                          "128), tempX (exact weights, engine logits divided by X: the continuous dose, e.g. "
+                          "seeds, paired by seed. Engines: none (exact fp32), bf16, fp16, e4m3 (FP8 weights, "
+                          "activations and LM head), e4m3-w (FP8 weights only), e5m2, e5m2-w, nvfp4 (E2M1, E4M3 scale "
+                          "per 16, fp32 scale per tensor), mxfp4 (E2M1, power-of-two scale per 32), int4 (weights in "
+                          "groups of 128), tempX (exact weights, engine logits divided by X: the continuous dose, e.g. "
                           "temp1.01); suffix +router also quantises the MoE router, +tempX adds the engine "
-                          "temperature to a quantised engine, e.g. nvfp4+router, e4m3+temp1.05 (default: "
+                          "temperature to a quantised engine, e.g. nvfp4+router, e4m3+temp1.05; +train-bf16 / "
+                          "+train-fp16 trains in that precision instead of fp32 (FP16 with Megatron's loss "
+                          "scaling), e.g. fp16+train-fp16 and bf16+train-bf16: FP16 and BF16 everywhere (default: "
                           f"{d['quant']})")
     lab.add_argument("--policy", type=options.policy_kind,
                      help="moe (8 experts of width 32, top-2 per token) or dense (MLP of width 256): 105,664 / "
@@ -126,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train nothing: write OUT's summary, report and plots again from its runs' metrics")
     lab.add_argument("--cache-dir", type=options.directory,
                      help="warm-up cache directory (default $MISMATCH_CTRL_CACHE/lab or ~/.cache/mismatch_ctrl/lab)")
+    lab.add_argument("--trust-unhashed", action="store_true", help=UNHASHED_HELP)
     lab.set_defaults(run=lab_command, command_parser=lab)
     from ..lab.results.frontier import VERSUS
 
@@ -143,10 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lab output directories (the --out of mismatch-ctrl lab)")
     compare.add_argument("--metric", default="late_acc_engine", choices=[key for key, _ in VERSUS],
                          help="the per-run number compared (default: late_acc_engine)")
-    compare.add_argument("--against", choices=("grpo", "exact"), default="grpo",
+    compare.add_argument("--against", type=options.reference_run, default="grpo",
                          help="the reference of each run: grpo (GRPO on the same engine, grpo@<engine>: what a "
-                              "controller adds) or exact (grpo@none, else the run's own @none: what the engine's "
-                              "mismatch costs, as the frontier) (default: grpo; --pairs always uses grpo)")
+                              "controller adds), exact (grpo@none, else the run's own @none: what the engine's "
+                              "mismatch costs, as the frontier) or a run label such as grpo@fp16+train-fp16 (each "
+                              "run against that run of its directory) (default: grpo; --pairs always uses grpo)")
     compare.add_argument("--pairs", action="store_true",
                          help="directories in pairs A B (A: the reference setting, B: one setting changed): gains in "
                               "A and B and their difference per run")
@@ -155,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "the lab settings, the warm-up and each method's configuration, as the runs' "
                               "fingerprints record them) on purpose, or, with --pairs, pairs A B that differ in more "
                               "than one setting; the table names the differences. Without it they are refused")
+    compare.add_argument("--trust-unhashed", dest="compare_trust_unhashed", action="store_true", help=UNHASHED_HELP)
     compare.set_defaults(run=compare_command, command_parser=compare)
 
     from ..analyze.analysis import eps_option, number_option

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..formatting import brief
 from ..lr_schedule import LengthDecaySettings
 from ..presets import FIELD_ALIASES, PRESET_ALIASES, PRESETS, SLIME_MIS_KEYS, canonical_preset, from_slime_mis
+from ..verl_vocabulary import VERL_KEYS, from_verl_keys
 from .coerce import build_section, coerce, reject_unknown
 from .yaml_file import read_yaml
 
@@ -167,6 +168,7 @@ def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
     if not isinstance(section, Mapping):
         raise ConfigError(f"{path}: expected a mapping, got {brief(section)}")
     fields, names = from_slime_mis(section, path)
+    fields = from_verl_keys(fields, path)
     preset = fields.pop("preset", "none") or "none"
     try:
         preset = canonical_preset(str(preset))
@@ -179,7 +181,7 @@ def _build_correction(section: Mapping[str, Any]) -> tuple[str, CorrectionSpec]:
                 raise ConfigError(f"{path}.{alias}: duplicates {canonical}; keep one of them")
             fields[canonical] = fields.pop(alias)
     return preset, build_section(CorrectionSpec, fields, path, base=PRESETS[preset],
-                          extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS), names=names)
+                                 extra_keys=("preset", *FIELD_ALIASES, *SLIME_MIS_KEYS, *VERL_KEYS), names=names)
 
 
 def _check_combination(config: Config) -> None:

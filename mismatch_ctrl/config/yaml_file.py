@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from .. import regular_files
 from ..errors import ConfigError
 from ..formatting import brief, clip
 
@@ -72,24 +73,13 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct
 def read_yaml(path: str | Path) -> Any:
     """The YAML document in ``path`` (duplicate keys refused); :class:`ConfigError` naming the file otherwise."""
     path = Path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():  # opening a FIFO would wait for a writer
-        raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device); give the method YAML")
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        text = regular_files.read_text(path, MAX_CONFIG_BYTES)  # a FIFO or a device refused, never opened
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory; give the YAML file (e.g. configs/methods/dcgrpo.yaml)") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a method YAML")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {brief(data[exc.start:exc.start + 8])}); "
-                          "give the method YAML") from None
+        what = "is a directory" if path.is_dir() else exc.strerror or str(exc)
+        raise ConfigError(f"{path}: {what}; give the method YAML (e.g. configs/methods/dcgrpo.yaml)") from None
     try:
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:

@@ -28,6 +28,11 @@ REWARD_FUNCTION = "recipes.qwen3_30b_a3b.reward.rm"
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, *range(16, 257, 8))
 # slime's scripts/low_precision/run-qwen3-30b-a3b-fp8.sh: FP8 training with Transformer Engine, blockwise e4m3.
 FP8_TRAINING_ARGS = ("--transformer-impl", "transformer_engine", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise")
+# FP16 precision alignment: Megatron's --fp16 (megatron/core/model_parallel_config.py:109, a flag through
+# ArgumentGroupFactory(TransformerConfig), megatron/training/arguments.py:1644) with its dynamic loss scaler (defaults
+# arguments.py:2213-2224); slime then sets bf16 = not fp16 (slime/backends/megatron_utils/arguments.py:157) and starts
+# SGLang with dtype float16 (slime/backends/sglang_utils/sglang_engine.py:571-572).
+PRECISION_TRAINING_ARGS = {"bf16": (), "fp8": FP8_TRAINING_ARGS, "fp16": ("--fp16",)}
 
 
 def job_pythonpath(s: Settings) -> str:
@@ -74,7 +79,7 @@ def train_args(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[
     args = [
         "--actor-num-nodes", nodes, "--actor-num-gpus-per-node", gpus, "--num-gpus-per-node", gpus, "--colocate",
         *model.args,
-        "--hf-checkpoint", s["FP8_HF_DIR"], "--ref-load", s["TORCH_DIST_DIR"], "--load", s["LOAD_DIR"],
+        "--hf-checkpoint", s[s.rollout_checkpoint], "--ref-load", s["TORCH_DIST_DIR"], "--load", s["LOAD_DIR"],
         "--save", s["SAVE_DIR"], "--save-interval", s["SAVE_INTERVAL"],
         "--prompt-data", s["PROMPT_DATA"], "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
         "--rollout-shuffle", "--custom-rm-path", REWARD_FUNCTION,
@@ -93,8 +98,7 @@ def train_args(s: Settings, model: MegatronModel, extra: Sequence[str]) -> list[
     args += ["--pipeline-model-parallel-size", s["PP"], "--context-parallel-size", s["CP"]]
     if moe:
         args += ["--expert-model-parallel-size", s["EP"], "--expert-tensor-parallel-size", s["ETP"]]
-    if s["TRAIN_PRECISION"] == "fp8":
-        args += FP8_TRAINING_ARGS
+    args += PRECISION_TRAINING_ARGS.get(s["TRAIN_PRECISION"], ())
     args += [
         "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
         "--use-dynamic-batch-size", "--max-tokens-per-gpu", s["MAX_TOKENS_PER_GPU"],

@@ -25,17 +25,22 @@ from .layout import Layout, engine_problems, trainer_problems
 from .context_length import (OVERRIDE_FLAG, RequestedLength, context_override, flag_value_in, override_problems,
                              response_length_problems)
 from .eval_cost import eval_cost
-from .memory import estimate
+from .memory import estimate, rollout_cost_lines
 from .model_shape import CheckpointReport, MegatronModel, ModelShape, inspect_checkpoint, read_model_args
+from .precision import precision_problems
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
-from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, flag_problems, host_memory_bytes,
-                        import_problems, local_gpu_problems, path_problems, ray_problems, resume_point,
-                        user_flags)
+from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, file_problem, flag_problems,
+                        host_memory_bytes, import_problems, local_gpu_problems, path_problems, ray_problems,
+                        resume_point, user_flags)
 from .settings import Settings, setting_of_flag, usage
+from .values import absolute_path_notes, group_size_problems, option_like_problems, samples_problems
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
+COMPUTE = {"bf16": "BF16", "fp8": "FP8 blockwise e4m3 (Transformer Engine)",
+           "fp16": "FP16 (Megatron --fp16 with dynamic loss scaling)"}
+"""The trainer's compute per TRAIN_PRECISION, as the summary names it."""
 INTEGER_FLAGS = ("--eval-max-response-len", "--rollout-max-prompt-len", "--eval-max-prompt-len",
                 "--n-samples-per-eval-prompt")
 """slime's integer flags after ``--`` that the launcher's checks read."""
@@ -115,10 +120,11 @@ def method_check(s: Settings, model: MegatronModel, dry_run: bool) -> tuple[str,
     positive integer is named by the settings' own check, and the method is checked without it). A PYTHON without
     torch cannot run the check: in ``--dry-run`` that is deferred to the launch (a warning), otherwise an error."""
     config = s["METHOD_CONFIG"]
-    if not Path(config).is_file():
-        methods = sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml"))
-        return "", [f"METHOD_CONFIG={config} does not exist (METHOD={s['METHOD']}; methods in configs/methods: "
-                    f"{' '.join(methods)})"], []
+    methods = " ".join(sorted(path.stem for path in Path(s["REPO_ROOT"], "configs", "methods").glob("*.yaml")))
+    problem = file_problem("METHOD_CONFIG", config, f"a method YAML (methods in configs/methods: {methods})",
+                           f"METHOD={s['METHOD']}; methods in configs/methods: {methods}")
+    if problem is not None:
+        return "", [problem], []
     environment = job_env(s)
     run_length = ["--num-rollout", s["NUM_ROLLOUT"]] if s.is_positive_integer("NUM_ROLLOUT") else []
     done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl", "check-config", config, *run_length, "--num-experts",
@@ -145,12 +151,22 @@ def duplicate_flag_problems(s: Settings, model: MegatronModel, extra: Sequence[s
     return out
 
 
-def engine_shape(s: Settings, fp8: CheckpointReport) -> tuple[ModelShape, str]:
-    """The shape the engine rules check: the FP8 checkpoint's when its config.json reads, else the profile's."""
-    if fp8.shape is not None:
-        return fp8.shape, f"FP8_HF_DIR={s['FP8_HF_DIR']}/config.json"
-    return s.profile.shape, (f"recorded in profile {s['MODEL']}; FP8_HF_DIR={s['FP8_HF_DIR']} has no readable "
-                             "config.json yet")
+def served_checkpoint(s: Settings, model: MegatronModel) -> CheckpointReport:
+    """The ``config.json`` of the checkpoint SGLang serves (``Settings.rollout_checkpoint``): the FP8 one, or with
+    ``TRAIN_PRECISION=fp16`` the BF16 ``MODEL_DIR``."""
+    variable = s.rollout_checkpoint
+    return inspect_checkpoint(s[variable], "bf16" if variable == "MODEL_DIR" else "fp8", variable, model)
+
+
+def engine_shape(s: Settings, served: CheckpointReport) -> tuple[ModelShape, str]:
+    """The shape the engine rules check: the served checkpoint's when its config.json reads, else the profile's
+    (without FP8 weight blocks when SGLang serves the BF16 checkpoint)."""
+    variable = s.rollout_checkpoint
+    if served.shape is not None:
+        return served.shape, f"{variable}={s[variable]}/config.json"
+    shape = s.profile.shape if variable == "FP8_HF_DIR" else dataclasses.replace(s.profile.shape,
+                                                                                  weight_block_size=None)
+    return shape, f"recorded in profile {s['MODEL']}; {variable}={s[variable]} has no readable config.json yet"
 
 
 def response_lengths_check(s: Settings, shape: ModelShape, source: str, extra: Sequence[str]
@@ -194,12 +210,13 @@ def trained_shape(shape: ModelShape, model: MegatronModel) -> ModelShape:
 def summary(s: Settings, model: MegatronModel, layout: Layout, method_summary: str, report: Report) -> None:
     experts = model.num_experts
     kind = f"MoE, {experts} experts, EP{layout.ep} x ETP{layout.etp}" if model.is_moe else "dense"
-    compute = "FP8 blockwise e4m3 (Transformer Engine)" if s["TRAIN_PRECISION"] == "fp8" else "BF16"
+    compute = COMPUTE.get(s["TRAIN_PRECISION"], "BF16")
     engines = f"TP{layout.rollout_gpus_per_engine}" + (
         f", EP{layout.rollout_ep}: moe_tp {layout.moe_tp}" if model.is_moe else "")
     steps = layout.rollout_batch_size * layout.n_samples_per_prompt // layout.global_batch_size
     report.note(f"method {s['METHOD']}: {method_summary or s['METHOD_CONFIG']}")
-    report.note(f"model {s['MODEL']} ({kind}): rollouts on {s['FP8_HF_DIR']} (FP8), training from "
+    served = "BF16 weights served in float16" if s.rollout_checkpoint == "MODEL_DIR" else "FP8"
+    report.note(f"model {s['MODEL']} ({kind}): rollouts on {s[s.rollout_checkpoint]} ({served}), training from "
                 f"{s['TORCH_DIST_DIR']} (BF16 weights, {compute} compute)")
     report.note(f"layout: {layout.num_nodes} node(s) x {layout.gpus_per_node} GPUs, colocated; trainer TP{layout.tp} "
                 f"x PP{layout.pp} x CP{layout.cp} -> DP{layout.dp}; {layout.engines} SGLang engines x "
@@ -235,19 +252,28 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         report.die(2, str(exc))
 
     errors = s.problems()
-    settings_valid = not errors
-    fp8 = inspect_checkpoint(s["FP8_HF_DIR"], "fp8", "FP8_HF_DIR", model)
     if not errors:
-        errors += checkpoint_kind_problems(fp8, "FP8_HF_DIR", model, s["MODEL"], s.flag("ALLOW_MODEL_SHAPE_MISMATCH"))
-    shape, source = engine_shape(s, fp8)
+        errors += samples_problems(s) + group_size_problems(s, train_args(s, model, user.extra)) + \
+            option_like_problems(s, ["--address", s["RAY_ADDRESS"], *entrypoint(s, model, [])])
+    settings_valid = not errors
+    for line in absolute_path_notes(s):
+        report.warn(line)
+    served = served_checkpoint(s, model)
+    if not errors:
+        errors += checkpoint_kind_problems(served, s.rollout_checkpoint, model, s["MODEL"],
+                                           s.flag("ALLOW_MODEL_SHAPE_MISMATCH"))
+        errors += precision_problems(s, user.extra)
+    shape, source = engine_shape(s, served)
     layout = None
     length_warnings: list[str] = []
     if not errors:
         layout = Layout.from_settings(s)
         errors += trainer_problems(layout, model) + engine_problems(layout, shape, source)
-        if s.int("EVAL_INTERVAL") > 0 and not Path(s["EVAL_CONFIG"]).is_file():
-            errors.append(f"EVAL_CONFIG={s['EVAL_CONFIG']} does not exist (or set EVAL_INTERVAL=0 to train without "
-                          "evaluation)")
+        eval_config = file_problem("EVAL_CONFIG", s["EVAL_CONFIG"], "slime's eval config YAML (e.g. recipes/"
+                                   "qwen3_30b_a3b/eval_light.yaml), or set EVAL_INTERVAL=0 to train without "
+                                   "evaluation", "or set EVAL_INTERVAL=0 to train without evaluation")
+        if s.int("EVAL_INTERVAL") > 0 and eval_config is not None:
+            errors.append(eval_config)
         else:
             length_errors, length_warnings = response_lengths_check(s, shape, source, user.extra)
             errors += length_errors
@@ -277,16 +303,20 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             report.die(1, str(exc))
         return 0
 
-    command = submit_command(s, model, user.extra, nvls_enable(s["NCCL_NVLS_ENABLE"]), ray)
-    paths = path_problems(s, report.launcher, fp8) + deferred
+    nvls = s["NCCL_NVLS_ENABLE"] if user.dry_run else nvls_enable(s["NCCL_NVLS_ENABLE"])  # no GPU tool in a dry run
+    command = submit_command(s, model, user.extra, nvls, ray)
+    paths = path_problems(s, report.launcher, served) + deferred
     summary(s, model, layout, method_summary, report)
     report.note(f"engine layout checked on the model shape {source}")
-    memory = estimate(shape, layout, max_tokens_per_gpu=s.int("MAX_TOKENS_PER_GPU"),
-                      cpu_offload=s.flag("OPTIMIZER_CPU_OFFLOAD"),
-                      sglang_mem_fraction=float(s["SGLANG_MEM_FRACTION"]), gpu_memory_gb=float(s["GPU_MEMORY_GB"]),
-                      fp8_training=s["TRAIN_PRECISION"] == "fp8", trained=trained_shape(shape, model))
+    terms = dict(max_tokens_per_gpu=s.int("MAX_TOKENS_PER_GPU"), cpu_offload=s.flag("OPTIMIZER_CPU_OFFLOAD"),
+                 sglang_mem_fraction=float(s["SGLANG_MEM_FRACTION"]), gpu_memory_gb=float(s["GPU_MEMORY_GB"]),
+                 fp8_training=s["TRAIN_PRECISION"] == "fp8", trained=trained_shape(shape, model))
+    memory = estimate(shape, layout, **terms, rollout_precision="FP16" if s["TRAIN_PRECISION"] == "fp16" else "FP8")
     for line in memory.lines():
         report.note(line)
+    if memory.rollout_precision != "FP8":
+        for line in rollout_cost_lines(memory, estimate(shape, layout, **terms)):
+            report.note(line)
     for line in memory.warnings() + length_warnings:
         report.warn(line)
     try:
@@ -299,6 +329,10 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
         for line in cost.warnings():
             report.warn(line)
     if user.dry_run:
+        if nvls == "auto":
+            report.note("NCCL_NVLS_ENABLE=auto is decided when the job is submitted (1 when `nvidia-smi topo -m` on "
+                        "this node shows NVLink, else 0): a dry run runs no GPU tool, so the command shows auto; set "
+                        "NCCL_NVLS_ENABLE=0 or 1 to fix it")
         report.lines("warning (an error at launch)", paths)
         if ray is None:
             report.lines("warning", unknown_ray_problems(s, entrypoint(s, model, user.extra)))

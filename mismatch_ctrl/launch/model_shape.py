@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import regular_files
 from ..architecture import architecture_of, expert_count, read_hf_config
 from ..errors import ConfigError
 from ..formatting import brief, clip
@@ -203,8 +204,11 @@ def _layer_pattern(text: str) -> list[int] | None:
 def read_model_args(path: str | Path) -> MegatronModel:
     """``MODEL_ARGS`` of a bash file, read by bash itself (the file may use any bash syntax)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"MODEL_ARGS_FILE={path} does not exist (expected recipes/<model>/model.sh)")
+    what = regular_files.what_is(path)
+    if what is not None:  # bash would wait on a FIFO's writer, or read a device forever
+        raise ConfigError(f"MODEL_ARGS_FILE={path} " + ("does not exist" if what == "missing" else
+                                                        f"is {what}, not a regular file") +
+                          " (expected recipes/<model>/model.sh, a bash file defining MODEL_ARGS)")
     script = 'source "$1" >&2 && ((${#MODEL_ARGS[@]})) && printf "%s\\0" "${MODEL_ARGS[@]}"'
     done = subprocess.run(["bash", "-c", script, "model_args", str(path)], capture_output=True)
     words = done.stdout.decode(errors="replace").split("\0")[:-1]

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import yaml
 
+from .. import regular_files
 from ..formatting import clip
 from ..errors import StateError
 from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker, tracker_in
@@ -26,8 +27,22 @@ IMPORT_TARGETS = ("slime", "megatron.training",
 _INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
-EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError)
+EVAL_CONFIG_ERRORS = (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError, RecursionError)
 """What reading an unusable EVAL_CONFIG raises in :func:`eval_sets`."""
+MAX_EVAL_CONFIG_BYTES = 1 << 20
+"""slime's eval config lists a few datasets: a few KB; a larger file is not one."""
+
+
+def file_problem(name: str, path: str, what_for: str, missing: str) -> str | None:
+    """None when the setting ``name`` names a regular file, else a line naming what ``path`` is instead: ``missing``
+    (the advice for a path that does not exist) or, for a directory, a FIFO, a device or a broken link, that it must
+    be ``what_for``."""
+    what = regular_files.what_is(path)
+    if what is None:
+        return None
+    if what == "missing":
+        return f"{name}={path} does not exist ({missing})"
+    return f"{name}={path} is {what}, not a regular file: give {what_for}"
 
 
 @dataclass(frozen=True)
@@ -53,8 +68,7 @@ def eval_sets(s: Settings, extra: Sequence[str] = ()) -> list[EvalSet]:
     set). Raises one of :data:`EVAL_CONFIG_ERRORS` for a file that cannot be read or a value of the wrong form."""
     if s.int("EVAL_INTERVAL") == 0:
         return []
-    with open(s["EVAL_CONFIG"]) as f:
-        root = yaml.safe_load(f) or {}
+    root = yaml.safe_load(regular_files.read_text(s["EVAL_CONFIG"], MAX_EVAL_CONFIG_BYTES)) or {}
     if not isinstance(root, dict):
         raise ValueError("not a mapping at its root, as slime needs")
     config = root.get("eval", root)
@@ -103,8 +117,9 @@ def job_data_files(s: Settings, extra: Sequence[str] = ()) -> list[str]:
     return [s["PROMPT_DATA"], *(dataset.path for dataset in eval_sets(s, extra))]
 
 
-def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str]:
-    """Missing or wrong cluster paths: slime, Megatron-LM, the FP8 and torch_dist checkpoints, the data."""
+def path_problems(s: Settings, launcher: str, served: CheckpointReport) -> list[str]:
+    """Missing or wrong cluster paths: slime, Megatron-LM, the checkpoint SGLang serves (``served``: the FP8 one, or
+    the BF16 ``MODEL_DIR`` with ``TRAIN_PRECISION=fp16``) and the torch_dist one, the data."""
     out = []
     if not Path(s["SLIME_DIR"], "train.py").is_file():
         out.append(f"SLIME_DIR={s['SLIME_DIR']} has no train.py; set SLIME_DIR to the slime checkout (/root/slime "
@@ -112,8 +127,11 @@ def path_problems(s: Settings, launcher: str, fp8: CheckpointReport) -> list[str
     if not Path(s["MEGATRON_DIR"], "megatron").is_dir():
         out.append(f"MEGATRON_DIR={s['MEGATRON_DIR']} has no megatron/ package; set MEGATRON_DIR to the Megatron-LM "
                    "checkout (/root/Megatron-LM in the image)")
-    if Path(s["FP8_HF_DIR"]).is_dir():
-        out += fp8.problems
+    if Path(s[s.rollout_checkpoint]).is_dir():
+        out += served.problems
+    elif s.rollout_checkpoint == "MODEL_DIR":
+        out.append(f"MODEL_DIR={s['MODEL_DIR']} does not exist; TRAIN_PRECISION=fp16 serves the BF16 model from "
+                   f"there: hf download Qwen/{s.profile.hf_name} --local-dir {s['MODEL_DIR']}")
     else:
         out.append(f"FP8_HF_DIR={s['FP8_HF_DIR']} does not exist; run '{launcher} --prepare' (converts MODEL_DIR) or "
                    f"hf download Qwen/{s.profile.hf_name}-FP8 --local-dir {s['FP8_HF_DIR']}")
@@ -151,7 +169,8 @@ def resume_problems(s: Settings) -> list[str]:
 
 
 def eval_config_error(s: Settings, exc: Exception) -> str:
-    return f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {type(exc).__name__}: {clip(str(exc), 300)}"
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    return f"EVAL_CONFIG={s['EVAL_CONFIG']} could not be read: {clip(reason, 300)}"
 
 
 def local_gpu_problems(s: Settings) -> list[str]:

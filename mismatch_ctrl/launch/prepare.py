@@ -1,4 +1,5 @@
-"""``--prepare``: the recipe data, BF16 HF -> Megatron torch_dist, BF16 HF -> FP8 (block 128x128 e4m3).
+"""``--prepare``: the recipe data, BF16 HF -> Megatron torch_dist, BF16 HF -> FP8 (block 128x128 e4m3; not with
+``TRAIN_PRECISION=fp16``, whose engines serve the BF16 checkpoint).
 
 A conversion writes ``DIR.partial``, is verified, marked complete (``.mismatch_ctrl_complete``) and renamed to
 ``DIR``: an interrupted one is redone, and a ``DIR`` without the marker was not written here and is never deleted.
@@ -7,11 +8,13 @@ Commands are printed (stdout) before they run; with ``--dry-run`` they are only 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .. import regular_files
 from ..slime.names import TRACKER, is_megatron_checkpoint
 from .command import format_command, job_pythonpath
 from .model_shape import MegatronModel, inspect_checkpoint
@@ -47,7 +50,7 @@ class Preparation:
         self.data_files = len(files)
         self.data_missing = [path for path in files if not Path(path).is_file()]
         self.torch_dist = conversion_state(s["TORCH_DIST_DIR"])
-        self.fp8 = conversion_state(s["FP8_HF_DIR"])
+        self.fp8 = "not needed" if s.rollout_checkpoint == "MODEL_DIR" else conversion_state(s["FP8_HF_DIR"])
 
     @property
     def converts(self) -> bool:
@@ -61,6 +64,8 @@ class Preparation:
                 out.append(f"{name}={s[name]} exists without {COMPLETE_MARKER}, so --prepare did not write it and "
                            f"leaves it alone: if it is a finished checkpoint run 'touch {s[name]}/{COMPLETE_MARKER}', "
                            "otherwise remove it")
+            elif state == "missing":
+                out += _stale_partial_problems(name, f"{s[name]}.partial")
         if self.converts:
             if Path(s["MODEL_DIR"]).is_dir():
                 out += inspect_checkpoint(s["MODEL_DIR"], "bf16", "MODEL_DIR", self.model).all_problems
@@ -90,7 +95,7 @@ class Preparation:
 
     def _convert(self, name: str, directory: str, verify: Callable[[str], str], words: Sequence[str]) -> None:
         partial = f"{directory}.partial"
-        if Path(partial).exists():
+        if os.path.isdir(partial) and not os.path.islink(partial):  # anything else is named by problems()
             self.note(f"[{name}] removing {partial}, left by an interrupted run")
             self._step(name, ["rm", "-rf", "--", partial])
         if not self._show_and_run(words):
@@ -135,10 +140,25 @@ class Preparation:
                 "--model-dir", s["MODEL_DIR"], "--save-dir", f"{s['FP8_HF_DIR']}.partial", "--strategy", "block",
                 "--block-size", "128", "128", "--max-workers", s["FP8_CONVERT_WORKERS"]])
         else:
-            print(f"# [fp8] skip: FP8_HF_DIR={s['FP8_HF_DIR']} is {self.fp8}", flush=True)
+            why = "TRAIN_PRECISION=fp16 serves MODEL_DIR in float16" if self.fp8 == "not needed" else self.fp8
+            print(f"# [fp8] skip: FP8_HF_DIR={s['FP8_HF_DIR']} is {why}", flush=True)
 
     def _verify_fp8(self, directory: str) -> str:
         return "; ".join(inspect_checkpoint(directory, "fp8", "FP8_HF_DIR", self.model).all_problems)
+
+
+def _stale_partial_problems(name: str, partial: str) -> list[str]:
+    """A ``DIR.partial`` that an interrupted conversion cannot have left (a symbolic link, a file, a FIFO, ...): the
+    conversion would remove it (``rm -rf``) or write through it, so it is named with what it is, and left alone."""
+    if os.path.islink(partial):
+        return [f"{name}: {partial} is a symbolic link (to {os.readlink(partial)}), not the folder an interrupted "
+                "--prepare leaves (which the next one removes and converts again): remove the link yourself (rm "
+                f"{partial}; its target stays) or point {name} elsewhere, then rerun --prepare"]
+    what = regular_files.what_is(partial) or "a file"
+    if what in ("missing", "a directory"):
+        return []
+    return [f"{name}: {partial} is {what}, not the folder an interrupted --prepare leaves (which the next one removes "
+            f"and converts again): move it away or delete it, then rerun --prepare"]
 
 
 def _verify_torch_dist(directory: str) -> str:

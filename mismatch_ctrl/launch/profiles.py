@@ -70,8 +70,9 @@ def checkpoint_kind_problems(report: CheckpointReport, variable: str, megatron: 
                 if profile.shape.is_moe == shape.is_moe]
         return [f"{variable}: the checkpoint is {kind} ({shape.num_experts} experts, {shape.num_hidden_layers} layers, "
                 f"hidden size {shape.hidden_size}) but MODEL={model} trains a {'MoE' if megatron.is_moe else 'dense'} "
-                f"model: point {variable} at the FP8 checkpoint of MODEL={model}, or train this checkpoint with a "
-                f"{kind} profile: {', '.join(fits) or 'none is shipped'}"]
+                f"model: point {variable} at the {'BF16' if variable == 'MODEL_DIR' else 'FP8'} checkpoint of "
+                f"MODEL={model}, or train this checkpoint with a {kind} profile: "
+                f"{', '.join(fits) or 'none is shipped'}"]
     if allow_mismatch:
         return []
     return [f"{line} (set ALLOW_MODEL_SHAPE_MISMATCH=1 if MODEL_ARGS_FILE is deliberately different)"

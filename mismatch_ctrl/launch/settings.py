@@ -6,6 +6,7 @@ script supplies ``METHOD``, ``MODEL`` and ``TRAIN_PRECISION`` defaults, the bash
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -15,7 +16,8 @@ from .profiles import PROFILES, ModelProfile
 
 TRAIN_SET_FILE = "dapo-math-17k.jsonl"
 DATA_MODULE = "recipes.qwen3_30b_a3b.data"
-PRECISIONS = ("bf16", "fp8")
+PRECISIONS = ("bf16", "fp8", "fp16")
+RUN_NAME_SUFFIX = {"bf16": "", "fp8": "_fp8train", "fp16": "_fp16"}
 
 Default = Callable[[Mapping[str, str], ModelProfile], str]
 
@@ -37,7 +39,7 @@ def _given(name: str) -> Default:
 
 
 def _run_name(v: Mapping[str, str], p: ModelProfile) -> str:
-    return f"{v['MODEL']}_{v['METHOD']}" + ("_fp8train" if v["TRAIN_PRECISION"] == "fp8" else "")
+    return f"{v['MODEL']}_{v['METHOD']}" + RUN_NAME_SUFFIX.get(v["TRAIN_PRECISION"], "")
 
 
 S = Setting
@@ -46,8 +48,10 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         S("METHOD", _given("METHOD"), "method; selects configs/methods/<METHOD>.yaml"),
         S("MODEL", _given("MODEL"), "model profile: " + ", ".join(
             f"{name} ({profile.kind})" for name, profile in PROFILES.items()) + "; sets the layout defaults"),
-        S("TRAIN_PRECISION", _given("TRAIN_PRECISION"), "bf16 (Megatron BF16) or fp8 (Transformer Engine FP8 "
-          "training, blockwise e4m3: slime's precision-alignment recipe)"),
+        S("TRAIN_PRECISION", _given("TRAIN_PRECISION"), "bf16 (Megatron BF16), fp8 (Transformer Engine FP8 "
+          "training, blockwise e4m3: slime's precision-alignment recipe; both with FP8 rollouts on FP8_HF_DIR) or "
+          "fp16 (FP16 precision alignment, Qi et al. 2025: Megatron --fp16 with dynamic loss scaling, and slime "
+          "starts SGLang with dtype float16 on the BF16 checkpoint MODEL_DIR; no FP8 checkpoint)"),
         S("RUN_NAME", _run_name, "names SAVE_DIR and the wandb group; every launcher has its own"),
         S("REPO_ROOT", _given("REPO_ROOT"), "this repository; the same path must exist on every node (job PYTHONPATH)"),
         S("METHOD_CONFIG", lambda v, p: f"{v['REPO_ROOT']}/configs/methods/{v['METHOD']}.yaml",
@@ -67,10 +71,11 @@ SECTIONS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
     ("Paths on the cluster", (
         S("SLIME_DIR", _fixed("/root/slime"), "slime checkout (train.py, tools/)"),
         S("MEGATRON_DIR", _fixed("/root/Megatron-LM"), "Megatron-LM checkout (goes first on the job PYTHONPATH)"),
-        S("MODEL_DIR", lambda v, p: f"/root/{p.hf_name}", "BF16 Hugging Face checkpoint; input of --prepare"),
+        S("MODEL_DIR", lambda v, p: f"/root/{p.hf_name}", "BF16 Hugging Face checkpoint; input of --prepare; with "
+          "TRAIN_PRECISION=fp16 SGLang serves it, in float16 (--hf-checkpoint)"),
         S("FP8_HF_DIR", lambda v, p: f"/root/{p.hf_name}-FP8",
-          "FP8 block-128 Hugging Face checkpoint for SGLang (--hf-checkpoint); its config.json drives the layout "
-          "checks"),
+          "FP8 block-128 Hugging Face checkpoint for SGLang (--hf-checkpoint; not used with TRAIN_PRECISION=fp16); "
+          "its config.json drives the layout checks"),
         S("TORCH_DIST_DIR", lambda v, p: f"/root/{p.hf_name}_torch_dist",
           "BF16 Megatron torch_dist checkpoint (--ref-load)"),
         S("SAVE_DIR", lambda v, p: f"/root/runs/{v['RUN_NAME']}",
@@ -156,6 +161,29 @@ SANE_RANGES = {
                                 "0.28"),
 }
 """(lowest, highest, why) of the numbers a run can take: values no run should get are refused before any command."""
+MOST_GPUS = 65536
+"""More GPUs than a cluster gives one job: the bound of every count of GPUs or of their parallel groups."""
+UPPER_BOUNDS = {
+    "NUM_NODES": (MOST_GPUS // 8, "more nodes than a cluster gives one job"),
+    "GPUS_PER_NODE": (16, "a node holds at most 16 GPUs (an H100 HGX node: 8)"),
+    **{name: (MOST_GPUS, "more GPUs than a cluster gives one job") for name in
+       ("TP", "PP", "CP", "EP", "ETP", "ROLLOUT_GPUS_PER_ENGINE", "ROLLOUT_EP")},
+    "N_SAMPLES_PER_PROMPT": (1024, "samples of one prompt, each a request SGLang generates; RL recipes use 4 to 64"),
+    "ROLLOUT_BATCH_SIZE": (65536, "prompts of one rollout, all held by slime's rollout manager at once"),
+    "GLOBAL_BATCH_SIZE": (65536, "at most the samples of one rollout (ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT)"),
+    "NUM_ROLLOUT": (10**6, "a rollout takes minutes on a cluster: a million of them is years"),
+    "MAX_RESPONSE_LEN": (1 << 20, "no rollout engine's context holds a million tokens"),
+    "MAX_TOKENS_PER_GPU": (1 << 20, "a micro-batch of a million tokens does not fit one GPU beside the model"),
+    "SAVE_INTERVAL": (10**6, "at most NUM_ROLLOUT's bound"),
+    "EVAL_INTERVAL": (10**6, "at most NUM_ROLLOUT's bound"),
+    "FP8_CONVERT_WORKERS": (256, "processes of the FP8 conversion on one node"),
+}
+"""(highest, why) of the counts a cluster can hold; checked on the text before it is read as a number."""
+PATH_SETTINGS = ("REPO_ROOT", "METHOD_CONFIG", "MODEL_ARGS_FILE", "EVAL_CONFIG", "SLIME_DIR", "MEGATRON_DIR",
+                 "MODEL_DIR", "FP8_HF_DIR", "TORCH_DIST_DIR", "SAVE_DIR", "LOAD_DIR", "DATA_DIR", "PROMPT_DATA",
+                 "TENSORBOARD_DIR")
+"""Settings that are paths: Ray runs the job's processes in other working directories, so a relative path given
+here is made absolute against the launcher's (:attr:`Settings.made_absolute`)."""
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -172,11 +200,17 @@ class Settings:
         self.values: dict[str, str] = {}
         self.defaults: dict[str, str] = {}
         self.profile: ModelProfile | None = None
+        self.made_absolute: dict[str, str] = {}
+        """The relative paths given (setting -> the value as given), now absolute against the working directory."""
         for _, settings in SECTIONS:
             for setting in settings:
                 default = setting.default({**context, **self.values}, self.profile)  # type: ignore[arg-type]
                 self.defaults[setting.name] = default
                 self.values[setting.name] = environ.get(setting.name) or default
+                value = self.values[setting.name]
+                if setting.name in PATH_SETTINGS and value and not value.startswith(("/", "~")):
+                    self.made_absolute[setting.name] = value
+                    self.values[setting.name] = os.path.join(os.getcwd(), value)
                 if setting.name == "METHOD" and not self.values["METHOD"]:
                     raise ConfigError("METHOD is not set: give a method (configs/methods/<METHOD>.yaml)")
                 if setting.name == "MODEL":
@@ -187,6 +221,12 @@ class Settings:
 
     def __getitem__(self, name: str) -> str:
         return self.values[name]
+
+    @property
+    def rollout_checkpoint(self) -> str:
+        """The setting naming the checkpoint SGLang serves (``--hf-checkpoint``): ``MODEL_DIR`` (the BF16 model,
+        cast to float16) with ``TRAIN_PRECISION=fp16``, else ``FP8_HF_DIR``."""
+        return "MODEL_DIR" if self.values["TRAIN_PRECISION"] == "fp16" else "FP8_HF_DIR"
 
     def int(self, name: str) -> int:
         return int(self.values[name])
@@ -203,11 +243,19 @@ class Settings:
         return self.values["PASS_ENV"].split()
 
     def problems(self) -> list[str]:
-        """A line per value of the wrong form (integers, 0/1 flags, choices, PASS_ENV names)."""
+        """A line per value of the wrong form (integers and their bounds, 0/1 flags, choices, PASS_ENV names, a path
+        starting with ``~``)."""
         out = [f"{name}={self[name]} must be a positive integer" for name in POSITIVE_INTEGERS
                if not self.is_positive_integer(name)]
         if not re.fullmatch(r"0|[1-9][0-9]*", self["EVAL_INTERVAL"]):  # the form of the other integers
             out.append(f"EVAL_INTERVAL={self['EVAL_INTERVAL']} must be 0 (off) or a positive integer")
+        for name, (highest, why) in UPPER_BOUNDS.items():
+            text = self[name]
+            if text.isdigit() and (len(text) > len(str(highest)) or int(text) > highest):
+                out.append(f"{name}={text[:24]}{'...' if len(text) > 24 else ''} is above {highest}: {why}")
+        out += [f"{name}={self[name]} starts with '~', which nothing expands here (a quoted value keeps it): write "
+                "the path in full ($HOME/... in place of ~/...)" for name in PATH_SETTINGS
+                if self[name].startswith("~")]
         out += [f"{name}={self[name]} must be 0 or 1" for name in FLAGS if self[name] not in ("0", "1")]
         if self["NCCL_NVLS_ENABLE"] not in ("0", "1", "auto"):
             out.append(f"NCCL_NVLS_ENABLE={self['NCCL_NVLS_ENABLE']} must be 0, 1 or auto")
@@ -253,7 +301,8 @@ def usage(launcher: str, settings: Settings) -> str:
     lines = [
         f"usage: {launcher} [--dry-run] [--prepare] [--help] [-- EXTRA_TRAIN_ARGS...]",
         "",
-        f"Train {model} with method {method} on slime: SGLang rollouts on the FP8 checkpoint, Megatron {precision}",
+        f"Train {model} with method {method} on slime: SGLang rollouts on the "
+        f"{'BF16 checkpoint in float16' if precision == 'FP16' else 'FP8 checkpoint'}, Megatron {precision}",
         "training, colocated on the same GPUs, submitted with ray job submit. Arguments after -- are appended to "
         "train.py's;",
         "before submitting, slime's own parsers must read each of their flags as written (full names).",

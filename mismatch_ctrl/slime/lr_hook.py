@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..formatting import brief
+from ..lr_schedule import scale_scheduled_groups
 from ._groups import broadcast_from_last_stage, topology
 from .runtime import ADVANTAGE_HOOK, get_runtime
 
@@ -49,11 +50,5 @@ def before_train_step(args: Any, rollout_id: int, step_id: int, model: Any, opti
         raise ConfigError(f"before_train_step: opt_param_scheduler ({type(opt_param_scheduler).__name__}) has no "
                           "get_lr(group); slime passes Megatron's OptimizerParamScheduler, which sets each group's lr "
                           "from the max_lr / min_lr this hook scales")
-    base_min = getattr(args, "min_lr", 0.0) or 0.0
-    for group in optimizer.param_groups:
-        if group.get("default_config", True) is False:
-            raise ConfigError("lr_decay: a param group has its own LR schedule (megatron param-group overrides); "
-                              "the length-decay factor can only scale the default --lr / --min-lr schedule")
-        group["max_lr"] = args.lr * scale
-        group["min_lr"] = base_min * scale
-        group["lr"] = opt_param_scheduler.get_lr(group)
+    scale_scheduled_groups(optimizer.param_groups, opt_param_scheduler, args.lr, getattr(args, "min_lr", 0.0) or 0.0,
+                           scale, "--lr / --min-lr")

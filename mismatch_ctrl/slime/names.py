@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import regular_files
 from ..errors import StateError
 from ..formatting import brief
 
@@ -22,6 +23,8 @@ HOOK_FLAGS = {
 """slime's flag for each hook (SLIME.md sections 1-4)."""
 TRACKER = "latest_checkpointed_iteration.txt"
 """Megatron's tracker file: a directory holding it is a Megatron checkpoint."""
+MAX_TRACKER_BYTES = 64
+"""Megatron writes the iteration (or ``release``) and nothing else: a few bytes. A longer file is not its tracker."""
 
 
 def is_megatron_checkpoint(directory: str | Path) -> bool:
@@ -35,10 +38,10 @@ def tracker_in(load: str | Path) -> Path | None:
     tracker = Path(load) / TRACKER
     if not (tracker.exists() or tracker.is_symlink()):
         return None
-    if not tracker.is_file():
-        raise StateError(f"{tracker}: not a regular file (a directory, FIFO, device or broken link), so which "
-                         "checkpoint is resumed is unknown; Megatron cannot read it either: fix it or point --load at "
-                         "a complete checkpoint")
+    what = regular_files.what_is(tracker)
+    if what is not None:
+        raise StateError(f"{tracker}: not a regular file ({what}), so which checkpoint is resumed is unknown; "
+                         "Megatron cannot read it either: fix it or point --load at a complete checkpoint")
     return tracker
 
 
@@ -47,7 +50,12 @@ def read_tracker(path: Path) -> int | None:
     reader accepts an integer or ``release`` and exits on anything else, so :class:`StateError` names the file here,
     before the controllers silently start afresh."""
     try:
-        text = path.read_bytes()[:64].decode("utf-8", errors="replace").strip()
+        text = regular_files.read_bytes(path, MAX_TRACKER_BYTES).decode("utf-8", errors="replace").strip()
+    except regular_files.TooLarge:
+        raise StateError(f"{path}: longer than Megatron's tracker (the iteration number or 'release', at most "
+                         f"{MAX_TRACKER_BYTES} bytes), so not the file Megatron writes: restore it from the checkpoint "
+                         "(it holds the number of the iter_NNNNNNN folder to resume) or point --load at a complete "
+                         "checkpoint") from None
     except OSError as exc:
         raise StateError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if text == "release":

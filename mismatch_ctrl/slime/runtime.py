@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import SECTIONS, Config, build_config, inert_settings, read_yaml, refuse_misplaced, required_section
-from ..controllers import ControllerSet
+from ..controllers import ControllerSet, restore
 from ..errors import ConfigError, StateError
 from ..formatting import brief
 from ..state import StateStore
@@ -154,19 +154,9 @@ def _resume(args: Any, config: Config) -> tuple[ControllerSet, int]:
     if iteration is None:
         log.info("mismatch_ctrl: %s names a release checkpoint: the controllers start afresh", tracker)
         return controllers, int(start or 0)
-    store = StateStore(Path(load) / "mismatch_ctrl")
-    try:
-        controllers.load_state_dict(store.load(iteration), f"{store.path(iteration)}: state")
-        if controllers.last_rollout != iteration:
-            raise StateError(f"{store.path(iteration)}: state.last_rollout: {controllers.last_rollout}, but the file "
-                             f"is the state after rollout {iteration}: it was edited or copied from another rollout")
-    except StateError as exc:
-        if config.state.resume != "fresh":
-            raise StateError(f"{exc} To start the controllers from their initial values on purpose, set "
-                             "mismatch_ctrl.state.resume: fresh") from None
-        log.warning("mismatch_ctrl: %s; state.resume=fresh: starting the controllers afresh", exc)
-        return ControllerSet(config), iteration + 1
-    log.info("mismatch_ctrl: restored controller state of rollout %d from %s", iteration, load)
+    controllers = restore(config, StateStore(Path(load) / "mismatch_ctrl"), iteration, f"rollout {iteration}")
+    if controllers.last_rollout is not None:
+        log.info("mismatch_ctrl: restored controller state of rollout %d from %s", iteration, load)
     return controllers, iteration + 1
 
 

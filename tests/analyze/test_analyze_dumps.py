@@ -266,7 +266,8 @@ def test_dict_rewards_are_read_with_the_reward_key(tmp_path):
     assert dump.raw_rewards is None and any("not every reward has the key 'pred'" in n for n in dump.notes)
     write_rollout_dump(tmp_path, 0, [{"response_length": 1, "reward": {"score": "yes"}}])
     (dump,) = iter_rollouts(tmp_path, reward_key="score")
-    assert dump.raw_rewards is None and dump.notes[-1] == "rewards are not all numbers: not reported"
+    assert dump.raw_rewards is None and dump.notes[-1] == f"rewards left out of the replay: {tmp_path}/rollout_data/" \
+        "0.pt: sample 0: reward is 'yes', not a number"
 
 
 class Opaque:

@@ -7,6 +7,6 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-for path in (TESTS / "slime", TESTS):
+for path in (TESTS / "slime", TESTS / "lab", TESTS / "launch", TESTS / "bad_input", TESTS):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))

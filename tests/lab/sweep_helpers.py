@@ -122,3 +122,26 @@ def gone(pid: int, within: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def tiny_sweep(out: Path, runs: list, settings, seeds: tuple[int, ...] = (0,)):
+    """A finished sweep into ``out`` with the tiny warm-up (cached in ``out.parent / "cache"``), also where the lab
+    asks for its preset warm-up; its ``LabResult``."""
+    from mismatch_ctrl.lab.sweeps import run as lab_run
+
+    original = lab_run.warmup_preset
+    lab_run.warmup_preset = lambda task, policy: TINY_WARMUP
+    try:
+        return lab_run.run_lab(runs, settings, out, cache_dir=out.parent / "cache", show_progress=False,
+                               warmup=TINY_WARMUP, seeds=seeds)
+    finally:
+        lab_run.warmup_preset = original
+
+
+def copied_sweep(trained: Path, tmp_path: Path) -> Path:
+    """A copy of the sweep ``trained`` and its warm-up cache under ``tmp_path`` (``tmp_path / "out"``), to damage."""
+    import shutil
+
+    shutil.copytree(trained, tmp_path / "out")
+    shutil.copytree(trained.parent / "cache", tmp_path / "cache")
+    return tmp_path / "out"

@@ -5,6 +5,7 @@ per seed; and every way a run could count twice, or a pooled interval mix settin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -19,7 +20,7 @@ from mismatch_ctrl.lab.model.warmup import WarmupConfig, warmup_preset
 from mismatch_ctrl.lab.results.pooling import POOLED, interactions, pooled_versus
 from mismatch_ctrl.lab.results.table import Run, RunTable
 from mismatch_ctrl.lab.sweeps import sweep
-from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, commit_run, digest
+from mismatch_ctrl.lab.sweeps.sweep import FINGERPRINT_FILE, RunTask, commit_run, record_digest
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
 from mismatch_ctrl.lab.training.trainer import RUN_FILE
@@ -227,8 +228,8 @@ def test_a_run_json_with_a_setting_of_the_wrong_type_is_a_damaged_run_not_a_trac
     (folder / RUN_FILE).write_text(json.dumps(info))
     fingerprint = json.loads((folder / FINGERPRINT_FILE).read_text())
     fingerprint["inputs"]["settings"] = info["settings"]
-    fingerprint["sha256"] = digest(fingerprint["inputs"])
-    del fingerprint["files"]
+    fingerprint["files"][RUN_FILE] = hashlib.sha256((folder / RUN_FILE).read_bytes()).hexdigest()
+    fingerprint["sha256"] = record_digest(fingerprint["inputs"], fingerprint["files"])
     (folder / FINGERPRINT_FILE).write_text(json.dumps(fingerprint))
     code, _, err = compare(capsys, a)
     assert code == 2 and f"{folder}: a damaged run" in err and f"{key} must be an integer, got {value!r}" in err
@@ -255,6 +256,23 @@ def test_against_the_exact_engine_gives_the_engines_cost(tmp_path, capsys):
     assert "| 2 | -0.100 [-0.100, -0.100] | 0/2, 0/2 |" in row(out, "`grpo@nvfp4+r3` | `grpo@none` |")
     code, out, _ = compare(capsys, a, b)  # against GRPO: only R3 has a reference, in one directory
     assert code == 0 and "**pooled**" not in out and "`grpo@nvfp4+r3` | `grpo@nvfp4`" in out
+
+
+def test_against_a_named_run_pairs_every_run_with_it(tmp_path, capsys):
+    a = make_runs(tmp_path / "a", {"grpo@none": {0: 0.7, 1: 0.8}, "grpo@fp16+train-fp16": {0: 0.65, 1: 0.8},
+                                   "grpo@nvfp4+train-bf16+r3": {0: 0.5, 1: 0.7}}, optimizer_steps=4)
+    b = make_runs(tmp_path / "b", {"grpo@fp16+train-fp16": {2: 0.6}, "grpo@nvfp4+train-bf16+r3": {2: 0.4}},
+                  optimizer_steps=4)
+    code, out, _ = compare(capsys, "--against", "grpo@fp16+train-fp16", a, b)
+    assert code == 0 and "run - `grpo@fp16+train-fp16`" in out
+    pooled = row(out, "`grpo@nvfp4+train-bf16+r3` | `grpo@fp16+train-fp16` | **pooled**")
+    assert interval([-0.15, -0.1, -0.2]) in pooled and "| 3 |" in pooled
+    assert "| 2 | +0.025 [" in row(out, "`grpo@none` | `grpo@fp16+train-fp16` |")  # one directory: not pooled
+    code, _, err = compare(capsys, "--against", "grpo@e4m3+train-bf16", a)
+    assert code == 2 and "nothing to compare: no directory holds grpo@e4m3+train-bf16" in err
+    with pytest.raises(SystemExit):
+        cli.main(["lab", "compare", "--against", "fp16", str(a)])
+    assert "expected grpo, exact or a run label METHOD@ENGINE[+r3]" in capsys.readouterr().err
 
 
 def test_options_of_the_lab_before_compare_are_refused(tmp_path, capsys):

@@ -3,19 +3,16 @@ import pytest
 import torch
 from torch import nn
 
+from mismatch_ctrl.lab.model.fp8 import block_shape, dequantize_weight, quantize_weight, round_fp8
 from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
 from mismatch_ctrl.lab.model.quant import (
     QUANT_MODES,
     QuantConfig,
     QuantLinear,
-    block_shape,
-    dequantize_weight,
     fake_quantize_weight,
     quantize_activations,
     quantize_model,
-    quantize_weight,
     round_bf16,
-    round_fp8,
     sync_quantized,
 )
 
@@ -140,7 +137,8 @@ def test_quantize_model_scope_per_mode():
             source = policy.get_submodule(name).weight
             assert torch.equal(model.get_submodule(name).weight, fake_quantize_weight(source, config.fmt))
         table = policy.tok_emb.weight
-        assert torch.equal(model.tok_emb.weight, fake_quantize_weight(table, "bf16") if config.embeddings else table)
+        expected = fake_quantize_weight(table, config.fmt) if config.embeddings else table
+        assert torch.equal(model.tok_emb.weight, expected)
 
 
 def test_sync_requantizes_current_weights():

@@ -27,7 +27,7 @@ from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab
 from mismatch_ctrl.lab.sweeps.integrity import check_runs, run_folders
 from mismatch_ctrl.lab.sweeps.lock import LOCK_FILE, OutLock
 from mismatch_ctrl.lab.sweeps.sweep import (FINGERPRINT_FILE, RunTask, SweepError, differences, digest,
-                                           fingerprint_inputs)
+                                           fingerprint_inputs, record_digest)
 from mismatch_ctrl.lab.training.settings import LabSettings
 
 TINY = dict(steps=2, prompts_per_step=4, samples_per_prompt=4, eval_every=1, eval_prompts=8)
@@ -81,7 +81,7 @@ def test_rerun_skips_finished_runs_trains_missing_ones_and_refuses_other_setting
     assert metrics(folder) == before == metrics(tmp_path / "fresh" / "grpo@none" / "seed0")
     for folder in out.glob("*/seed*"):
         recorded = json.loads((folder / FINGERPRINT_FILE).read_text())
-        assert recorded["sha256"] == digest(recorded["inputs"])
+        assert recorded["sha256"] == record_digest(recorded["inputs"], recorded["files"])
     with pytest.raises(SweepError, match=r"out/grpo@\w+/seed\d was trained with other settings "
                                          r"\(settings.steps: 2 -> 3\)"):
         lab(out, settings={"steps": 3})
@@ -307,10 +307,11 @@ def test_report_only_names_a_malformed_file_of_a_run_without_recorded_hashes(tra
     folder = out / "grpo@e4m3" / "seed0"
     fingerprint = json.loads((folder / FINGERPRINT_FILE).read_text())
     del fingerprint["files"]  # as the lab wrote it before it recorded the files' sha256
+    fingerprint["sha256"] = digest(fingerprint["inputs"])
     (folder / FINGERPRINT_FILE).write_text(json.dumps(fingerprint))
-    assert len(check_runs(run_folders(out))) == 2  # accepted without the hashes
+    assert len(check_runs(run_folders(out), trust_unhashed=True)) == 2  # accepted without the hashes, on request
     damage(folder)
-    code, _, err = _cli(capsys, "lab", "--report-only", "--out", str(out))
+    code, _, err = _cli(capsys, "lab", "--report-only", "--out", str(out), "--trust-unhashed")
     assert code == 2 and f"{folder}: a damaged run (" in err and needle in err and "Traceback" not in err
 
 

@@ -203,8 +203,8 @@ def test_cli_help_lists_the_flags(capsys):
     (["--seeds", "0,0"], "argument --seeds: expected distinct"),
     (["--seeds", "-1"], "argument --seeds"),
     (["--seeds", ""], "argument --seeds"),
-    (["--quant", "e9m9"], "argument --quant: quant mode: unknown 'e9m9'; choose one of none, bf16, e4m3-w, e4m3, "
-                          "e5m2-w, e5m2, nvfp4, mxfp4, int4 or tempX"),
+    (["--quant", "e9m9"], "argument --quant: quant mode: unknown 'e9m9'; choose one of none, bf16, fp16, e4m3-w, "
+                          "e4m3, e5m2-w, e5m2, nvfp4, mxfp4, int4 or tempX"),
     (["--quant", "e4m3,,nope"], "argument --quant: quant mode: unknown 'nope'"),
     (["--quant", "none,e4m3,none"], "argument --quant: each engine once"),
     (["--quant", "temp0"], "argument --quant: quant mode 'temp0': 'temp0' needs an engine temperature from 0.001 to "
@@ -212,7 +212,7 @@ def test_cli_help_lists_the_flags(capsys):
     (["--quant", "tempfast"], "needs an engine temperature from"),
     (["--quant", "temp1e300"], "argument --quant: quant mode 'temp1e300': 'temp1e300' needs an engine temperature"),
     (["--quant", "none+router"], "+router needs a quantised engine"),
-    (["--quant", "e4m3+turbo"], "suffix 'turbo' is not +router or +tempX"),
+    (["--quant", "e4m3+turbo"], "suffix 'turbo' is not +router, +tempX or +train-P"),
     (["--num-steps-per-rollout", "0"], "argument --num-steps-per-rollout: must be an integer >= 1, got '0'"),
     (["--num-steps-per-rollout", "3"], "must be a multiple of num_steps_per_rollout x micro_batches (3 x 2)"),
     (["--device", "tpu"], "argument --device: expected one of ['cpu', 'cuda'], got 'tpu'"),
@@ -250,7 +250,7 @@ def test_presets_fill_unset_options_and_flags_override_them():
     large = resolve(parser.parse_args(["lab", "--policy", "moe-large"]))  # its own lr unless a flag says otherwise
     assert large["lr"] == POLICY_DEFAULTS["moe-large"]["lr"] != LAB_DEFAULTS["lr"]
     assert resolve(parser.parse_args(["lab", "--policy", "moe-large", "--lr", "2e-3"]))["lr"] == 2e-3
-    assert resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large"]))["lr"] == 1.5e-3
+    assert resolve(parser.parse_args(["lab", "--preset", "e5m2-edge", "--policy", "moe-large"]))["lr"] == 1e-4
     assert resolve(parser.parse_args(["lab", "--policy", "dense"]))["lr"] == LAB_DEFAULTS["lr"]
     for name, preset in LAB_PRESETS.items():  # every preset's runs parse for its policy
         o = resolve(parser.parse_args(["lab", "--preset", name]))

@@ -51,6 +51,7 @@ LAUNCHERS = {
     "qwen3_30b_length_decay.sh": ("length_decay", "qwen3_30b_a3b", "qwen3_30b_a3b_length_decay"),
     "qwen3_30b_dcgrpo_length_decay.sh": ("dcgrpo_length_decay", "qwen3_30b_a3b", "qwen3_30b_a3b_dcgrpo_length_decay"),
     "qwen3_30b_fp8_aligned.sh": ("token_tis", "qwen3_30b_a3b", "qwen3_30b_a3b_token_tis_fp8train"),
+    "qwen3_30b_fp16_aligned.sh": ("grpo", "qwen3_30b_a3b", "qwen3_30b_a3b_grpo_fp16"),
     "qwen3_8b_dcgrpo.sh": ("dcgrpo", "qwen3_8b", "qwen3_8b_dcgrpo"),
 }
 
@@ -85,7 +86,9 @@ HOOKS = {
 
 # Flags checked by hand against slime 624b824a (slime/utils/arguments.py, incl. reset_arg), Megatron-LM 1dcf0daf
 # (parser built from megatron/training/arguments.py; --fp8-format, --fp8-recipe and --transformer-impl are
-# TransformerConfig fields there) and SGLang 0.5.15.post1 server args passed through as --sglang-<arg>
+# TransformerConfig fields there, --fp16 a ModelParallelConfig field, megatron/core/model_parallel_config.py:109,
+# which Megatron's own parse_args reads as fp16 = True) and SGLang 0.5.15.post1 server args passed through as
+# --sglang-<arg>
 # (python/sglang/srt/server_args.py: ep_size -> --ep-size, cuda_graph_bs_decode -> --cuda-graph-bs-decode).
 KNOWN_TRAIN_FLAGS = frozenset("""
 --actor-num-nodes --actor-num-gpus-per-node --num-gpus-per-node --colocate
@@ -109,7 +112,7 @@ KNOWN_TRAIN_FLAGS = frozenset("""
 --rotary-percent --swiglu --untie-embeddings-and-output-weights --vocab-size --rotary-base --moe-ffn-hidden-size
 --moe-router-score-function --moe-token-dispatcher-type --moe-router-topk --moe-layer-freq --num-experts
 --moe-grouped-gemm --moe-token-drop-policy --moe-router-dtype --moe-permute-fusion --moe-aux-loss-coeff
---transformer-impl --fp8-format --fp8-recipe
+--transformer-impl --fp8-format --fp8-recipe --fp16
 """.split())
 
 # What the launchers need besides python: bash (also reads model.sh), dirname (lib.sh), env, rm, mv, touch (--prepare).

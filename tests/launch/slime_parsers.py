@@ -56,6 +56,8 @@ import argparse
 def parse_args(extra_args_provider=None, ignore_unknown_args=False):
     parser = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
     parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--initial-loss-scale", type=float, default=2**32)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
     if ignore_unknown_args:

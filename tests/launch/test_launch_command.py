@@ -34,7 +34,7 @@ EXPECTED_30B = {
 }
 ABSENT_BY_DEFAULT = ("--use-kl-loss", "--kl-loss-coef", "--kl-coef", "--use-rollout-routing-replay", "--use-tis",
                      "--use-rollout-logprobs", "--use-wandb", "--use-tensorboard", "--skip-eval-before-train",
-                     "--fp8-format", "--fp8-recipe", "--transformer-impl", "--sglang-cuda-graph-bs")
+                     "--fp8-format", "--fp8-recipe", "--transformer-impl", "--sglang-cuda-graph-bs", "--fp16")
 
 
 def single_values(found: dict[str, list[list[str]]]) -> dict[str, list[str]]:
@@ -65,7 +65,9 @@ def test_each_launcher_selects_its_method_and_model(sandbox: Sandbox, script: st
     assert values["--get-mismatch-metrics"] == [] and values["--custom-tis-function-path"]  # slime requires both
     for flag, path in HOOKS.items():
         assert values[flag] == [path]
-    assert values["--hf-checkpoint"] == [f"/root/{facts['hf_name']}-FP8"]
+    fp16 = script == "qwen3_30b_fp16_aligned.sh"  # FP16 alignment serves the BF16 checkpoint, in float16
+    assert values["--hf-checkpoint"] == [f"/root/{facts['hf_name']}" + ("" if fp16 else "-FP8")]
+    assert ("--fp16" in values) == fp16
     assert values["--ref-load"] == [f"/root/{facts['hf_name']}_torch_dist"]
     assert values["--save"] == [f"/root/runs/{run}"]  # baselines never share a checkpoint dir
     assert contains_run(train, model_args(model))
@@ -133,16 +135,19 @@ def test_environment_overrides(sandbox: Sandbox) -> None:
     assert train[-2:] == ["--sglang-kv-cache-dtype", "fp8_e4m3"]  # arguments after -- come last, so they win
 
 
-def test_nvls_auto_follows_nvlink(sandbox: Sandbox) -> None:
-    sandbox.add_nvidia_smi(nvlink=True)
-    with_link = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
-    sandbox.add_nvidia_smi(nvlink=False)
-    without_link = sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run")
+def test_nvls_auto_follows_nvlink(sandbox: Sandbox, monkeypatch) -> None:
+    """A launch decides NCCL_NVLS_ENABLE=auto from `nvidia-smi topo -m`; a dry run shows auto and runs no GPU tool
+    (tests/bad_input/test_bad_input_launch.py)."""
+    from mismatch_ctrl.launch.command import nvls_enable
+
+    monkeypatch.setenv("PATH", str(sandbox.bin))
     nvls = []
-    for result in (with_link, without_link):
-        ray_part, _ = split_submit(result.command())
-        nvls.append(json.loads(ray_option(ray_part, "--runtime-env-json"))["env_vars"]["NCCL_NVLS_ENABLE"])
+    for nvlink in (True, False):
+        sandbox.add_nvidia_smi(nvlink=nvlink)
+        nvls.append(nvls_enable("auto"))
     assert nvls == ["1", "0"]
+    ray_part, _ = split_submit(sandbox.run("qwen3_30b_dcgrpo.sh", "--dry-run").command())
+    assert json.loads(ray_option(ray_part, "--runtime-env-json"))["env_vars"]["NCCL_NVLS_ENABLE"] == "auto"
 
 
 def test_dry_run_on_a_laptop_warns_about_every_missing_path(sandbox: Sandbox) -> None:
@@ -275,7 +280,7 @@ def test_30b_dcgrpo_command_on_a_prepared_cluster(slow_runs) -> None:
     assert env_vars["PYTHONPATH"].split(":") == [cluster["MEGATRON_DIR"], cluster["SLIME_DIR"], str(REPO)]
     assert env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert env_vars["DATA_DIR"] == cluster["DATA_DIR"]  # eval.yaml resolves ${oc.env:DATA_DIR} in the driver
-    assert env_vars["NCCL_NVLS_ENABLE"] in {"0", "1"}
+    assert env_vars["NCCL_NVLS_ENABLE"] == "auto"  # decided by a launch, not by a dry run
 
     values = single_values(options(train))
     for flag, expected in EXPECTED_30B.items():

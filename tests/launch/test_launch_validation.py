@@ -35,7 +35,7 @@ LAYOUT_ERRORS = {
     "trainer_ep_not_dividing_gpus": ("qwen3_30b_dcgrpo.sh", {"EP": "16"},
                                      ["EP x ETP x PP = 16 x 1 x 1 = 16 must divide the GPUs", "= 8"]),
     "precision_unknown": ("qwen3_30b_fp8_aligned.sh", {"TRAIN_PRECISION": "fp4"},
-                          ["TRAIN_PRECISION=fp4 must be one of bf16, fp8"]),
+                          ["TRAIN_PRECISION=fp4 must be one of bf16, fp8, fp16"]),
     "ep_does_not_divide_experts": ("qwen3_30b_dcgrpo.sh", {"EP": "3", "GPUS_PER_NODE": "6", "NUM_NODES": "2"},
                                    ["EP = 3 must divide the experts", "= 128"]),
     "global_batch_not_split_over_dp": ("qwen3_30b_dcgrpo.sh", {"NUM_NODES": "3"},

@@ -110,7 +110,7 @@ def test_a_huge_state_file_is_refused_before_it_is_read(tmp_path):
     store = StateStore(tmp_path)
     with open(store.path(0), "wb") as f:
         f.truncate(17 << 20)
-    with pytest.raises(StateError, match="more than a state file's"):
+    with pytest.raises(StateError, match="larger than 16 MiB, more than such a file holds"):
         store.load(0)
 
 

@@ -1,6 +1,7 @@
 """Configuration: shipped YAMLs, architecture defaults (ALGORITHMS.md section 2 table), aliases and error messages."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -168,13 +169,32 @@ def test_slime_mis_yaml_keys_are_aliases():
                                                veto=1e-4)
 
 
-def test_verl_rollout_correction_keys_are_aliases():
-    section = {"rollout_is": "token", "rollout_is_threshold": 3.0, "rollout_is_batch_normalize": True,
-               "rollout_rs": "geometric", "rollout_rs_threshold": 1.002, "rollout_rs_threshold_lower": 0.998,
-               "rollout_token_veto_threshold": 1e-3}
+def test_verl_rollout_correction_keys_are_translated():
+    """verl 0.9.1's vocabulary (mismatch_ctrl.verl_vocabulary): a "lo_hi" IS threshold is a mask band, a k1 band
+    bounds -log rho (so verl's [lo, hi] is our ratio band [1/hi, 1/lo]), seq_mean_k3 is rs_k3_max."""
+    section = {"rollout_is": "token", "rollout_is_threshold": "0.5_3.0", "rollout_is_batch_normalize": True,
+               "rollout_rs": "seq_mean_k1,seq_mean_k3", "rollout_rs_threshold": "0.998_1.002,0.02"}
     config = build_config({"correction": section})
-    assert config.correction == CorrectionSpec(is_level="token", is_high=3.0, batch_normalize=True,
-                                               rs_level="geometric", rs_low=0.998, rs_high=1.002, veto=1e-3)
+    assert config.correction == CorrectionSpec(is_level="token", is_mode="mask", is_low=0.5, is_high=3.0,
+                                               batch_normalize=True, rs_level="geometric", rs_low=1 / 1.002,
+                                               rs_high=1 / 0.998, rs_k3_max=0.02)
+    assert build_config({"correction": {"rollout_is": "sequence", "rollout_is_threshold": 2.0}}).correction == \
+        CorrectionSpec(is_level="sequence", is_high=2.0)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"rollout_rs": "geometric", "rollout_rs_threshold": 1.001}, "'geometric' has no mismatch_ctrl equivalent"),
+    ({"rollout_rs_threshold_lower": 0.999}, "verl removed this key in 0.7.1"),
+    ({"rollout_token_veto_threshold": 1e-4}, "verl 0.9.1 has no veto"),
+    ({"rollout_rs": "seq_max_k3", "rollout_rs_threshold": 0.1}, "'seq_max_k3' has no mismatch_ctrl equivalent"),
+    ({"rollout_rs": "token_k1"}, "rollout_rs_threshold: required"),
+    ({"rollout_is": "token", "is_level": "token"}, "correction.is_level: given with verl's keys"),
+    ({"rollout_is": "geometric"}, "expected token, sequence or null"),
+    ({"rollout_is": "token", "rollout_is_threshold": "0_2"}, "expected a number > 0"),
+])
+def test_verl_keys_that_mean_nothing_here_are_refused(section, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config({"correction": section})
 
 
 @pytest.mark.parametrize("alias, canonical", [("icepop", "token_mis"), ("geo_rs", "geo_mis"),

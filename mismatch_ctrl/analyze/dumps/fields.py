@@ -98,6 +98,28 @@ def length_column(rows: list[dict[str, Any]], key: str, path: Path) -> list[int]
     return lengths
 
 
+def reward_list(values: Any, path: Path, what: str) -> tuple[list[float] | None, str | None]:
+    """The per-sample rewards ``values`` as floats (:func:`float_list`), or None and a note naming the dump, the first
+    sample whose value is not a number, and the value (``what``: the field's name)."""
+    floats = float_list(values)
+    if floats is not None or values is None:
+        return floats, None
+    items = None if isinstance(values, (str, bytes)) else _items(values)
+    if items is None:
+        return None, f"{path}: {what} is {brief(values, 40)}, not a list of numbers"
+    found = next(((i, v) for i, v in enumerate(items) if float_list([v]) is None), None)
+    if found is None:
+        return None, f"{path}: {what} is {brief(values, 40)}, not a list of numbers"
+    return None, f"{path}: sample {found[0]}: {what} is {brief(found[1], 40)}, not a number"
+
+
+def _items(values: Any) -> list[Any] | None:
+    try:
+        return list(values)
+    except TypeError:
+        return None
+
+
 def float_list(values: Any) -> list[float] | None:
     """Floats of a sequence of numbers (None if it is not one; a string is neither a sequence nor a number here)."""
     if values is None or isinstance(values, (str, bytes)):

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from ... import regular_files
 from ...formatting import brief, clip
 from .fields import integer
 from .schema import FORMAT_VERSION, ROLLOUT_DIR, TRAIN_DIR, DumpError
@@ -202,6 +203,10 @@ def load_dump(path: str | Path, unsafe_load: bool = False) -> dict[str, Any]:
     ``unsafe_load`` (see the module docstring); :class:`DumpError` if unreadable or refused."""
     path = Path(path)
     options: dict[str, Any] = {"map_location": "cpu", "weights_only": not unsafe_load}
+    try:
+        regular_files.regular_file(path)  # a FIFO would block torch.load, a device never end
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     try:
         with torch.serialization.safe_globals(safe_globals()) if not unsafe_load else contextlib.nullcontext(), \
                 warnings.catch_warnings():

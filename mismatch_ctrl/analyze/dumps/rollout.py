@@ -17,7 +17,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from ...formatting import clip
-from .fields import constant_mask, flag, float_list, float_tensor, length_column, token_column
+from .fields import constant_mask, flag, float_list, float_tensor, length_column, reward_list, token_column
 from .files import RolloutFiles, Skipped, checked_id, dump_kind, find_rollouts, load_dump
 from .schema import DumpError
 
@@ -29,6 +29,15 @@ REFUSED_NOTE = "not used: "
 def is_refusal(note: str) -> bool:
     """Whether a rollout's note names a refused dump file (:data:`REFUSED_NOTE`)."""
     return note.startswith(REFUSED_NOTE)
+
+
+REWARDS_NOTE = "rewards left out of the replay: "
+"""How a rollout's note names rewards that are not all numbers (the dump, the first such sample and its value)."""
+
+
+def is_rewards_note(note: str) -> bool:
+    """Whether a rollout's note names rewards left out (:data:`REWARDS_NOTE`)."""
+    return note.startswith(REWARDS_NOTE)
 
 
 @dataclass
@@ -131,11 +140,16 @@ def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> Rollout
     )
     if all("truncated" in row for row in rows):
         dump.truncated = [flag(row["truncated"], path, f"sample {i}: truncated") for i, row in enumerate(rows)]
+    notes = []
     if all("rewards" in row for row in rows):
-        dump.rewards = float_list(row["rewards"] for row in rows)
-    dump.raw_rewards = float_list(payload.get("raw_reward"))
+        dump.rewards, note = reward_list([row["rewards"] for row in rows], path, "rewards")
+        notes.append(note)
+    dump.raw_rewards, note = reward_list(payload.get("raw_reward"), path, "raw_reward")
+    notes.append(note)
     if dump.raw_rewards is None and all("local_raw_reward" in row for row in rows):
-        dump.raw_rewards = float_list(row["local_raw_reward"] for row in rows)
+        dump.raw_rewards, note = reward_list([row["local_raw_reward"] for row in rows], path, "local_raw_reward")
+        notes.append(note)
+    dump.notes += [f"{REWARDS_NOTE}{note}" for note in notes if note is not None]
     if not rows:
         dump.notes.append("train dump without samples: nothing to measure in this rollout")
         return dump
@@ -167,7 +181,8 @@ def _truncated(rows: list[dict[str, Any]]) -> list[bool] | None:
     return [getattr(row["status"], "value", row["status"]) == "truncated" for row in rows]
 
 
-def _sample_rewards(rows: list[dict[str, Any]], reward_key: str | None) -> tuple[list[float] | None, list[str]]:
+def _sample_rewards(rows: list[dict[str, Any]], reward_key: str | None, path: Path
+                    ) -> tuple[list[float] | None, list[str]]:
     """The task rewards of ``Sample`` dicts, as slime's ``Sample.get_reward_value`` reads them (``reward[key]`` with
     ``--reward-key``), and a note when they cannot be read."""
     stored = [row.get("reward") for row in rows]
@@ -183,13 +198,13 @@ def _sample_rewards(rows: list[dict[str, Any]], reward_key: str | None) -> tuple
         return None, [f"rewards are dicts (slime's --reward-key picks one entry): give --reward-key, one of {keys}"]
     if reward_key is not None and any(reward_key not in r for r in dicts):
         return None, [f"not every reward has the key {reward_key!r} (keys: {keys}): give another --reward-key"]
-    return None, ["rewards are not all numbers: not reported"]
+    return None, [f"{REWARDS_NOTE}{reward_list(rewards, path, 'reward')[1]}"]
 
 
 def _from_rollout(rollout_id: int, payload: dict[str, Any], path: Path, reward_key: str | None = None
                   ) -> RolloutDump:
     rows, lengths, masks = _rollout_rows(payload, path)
-    rewards, notes = _sample_rewards(rows, reward_key)
+    rewards, notes = _sample_rewards(rows, reward_key, path)
     return RolloutDump(
         rollout_id=rollout_id,
         response_lengths=lengths,

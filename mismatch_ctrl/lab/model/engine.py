@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .policy import TinyPolicy
+from .precision import OverflowCounter
 from .quant import QuantConfig, as_quant_config, quantize_model, sync_quantized
 from .task import EOS, PAD
 
@@ -74,13 +75,19 @@ class Rollout:
 class RolloutEngine:
     """Quantised inference copy of a ``TinyPolicy``.
 
-    quant: a mode of ``quant.QUANT_MODES`` (``"e4m3"`` default, ``"e4m3-w"``, ``"e5m2"``, ``"bf16"``, ``"none"``)
-    or a ``QuantConfig``.
+    quant: a mode of ``quant.QUANT_MODES`` (``"e4m3"`` default, ``"e4m3-w"``, ``"e5m2"``, ``"bf16"``, ``"fp16"``,
+    ``"none"``, ...) or a ``QuantConfig`` (its trainer precision, ``train``, is the trainer's business).
     """
 
     def __init__(self, policy: TinyPolicy, quant: str | QuantConfig = "e4m3") -> None:
         self.quant = as_quant_config(quant)
         self.model: TinyPolicy = quantize_model(policy, self.quant)
+
+    @property
+    def overflow(self) -> OverflowCounter | None:
+        """A float16 engine's count of the values it rounded and of those that overflowed to infinity (None for
+        other engines)."""
+        return self.model.overflow
 
     def sync(self, policy: TinyPolicy) -> None:
         """Load the policy's current fp32 weights, re-quantising them (slime's weight sync)."""

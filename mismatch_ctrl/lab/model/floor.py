@@ -20,6 +20,8 @@ from ...seqstats import SeqStats
 from ...signals import token_signal
 from .engine import Rollout, RolloutEngine
 from .policy import TinyPolicy
+from .precision import precision_model
+from .quant import as_quant_config
 from .routing import routing_metrics
 from .task import Task
 
@@ -54,7 +56,8 @@ def mismatch_stats(lp_train: Tensor, lp_rollout: Tensor, mask: Tensor) -> dict[s
 
 
 def rollout_floor(policy: TinyPolicy, rollout: Rollout, temperature: float = 1.0) -> dict[str, float | None]:
-    """Mismatch statistics of one rollout: ``<stat>`` with the trainer's own routing, ``<stat>_r3`` with the engine's
+    """Mismatch statistics of one rollout recomputed by ``policy`` (the trainer's forward: the fp32 policy or its
+    ``precision.precision_model``): ``<stat>`` with the trainer's own routing, ``<stat>_r3`` with the engine's
     expert sets (MoE only), and the routing metrics of the own-routing recompute."""
     mask = rollout.response_mask
     with torch.inference_mode():
@@ -73,14 +76,16 @@ def rollout_floor(policy: TinyPolicy, rollout: Rollout, temperature: float = 1.0
 def measure_floor(policy: TinyPolicy, task: Task, quant: str, rollouts: int = 10, prompts: int = 32,
                   samples: int = 8, seed: int = 0) -> dict[str, Any]:
     """``rollout_floor`` of ``rollouts`` rollouts of the policy's ``quant`` engine (prompts and sampling seeded by
-    ``seed``), their medians (``floor`` = median ``C_bar``, ``floor_r3`` with replay) and the engine's sample
-    accuracy; ``per_rollout`` keeps every rollout's numbers."""
+    ``seed``), recomputed in the trainer precision the mode names (``+train-P``; fp32 by default), their medians
+    (``floor`` = median ``C_bar``, ``floor_r3`` with replay) and the engine's sample accuracy; ``per_rollout`` keeps
+    every rollout's numbers."""
     engine = RolloutEngine(policy, quant)
+    trainer = precision_model(policy, as_quant_config(quant).train)
     generator = torch.Generator().manual_seed(seed)
     rows, rewards = [], []
     for _ in range(rollouts):
         rollout = engine.generate(task.make_prompts(prompts, generator), samples, 1.0, task.generation_len, generator)
-        rows.append(rollout_floor(policy, rollout))
+        rows.append(rollout_floor(trainer, rollout))
         rewards.append(float(task.reward(rollout.prompts, rollout.responses).mean()))
     medians = {key: statistics.median(r[key] for r in rows if r.get(key) is not None)
                for key in rows[0] if any(r.get(key) is not None for r in rows)}

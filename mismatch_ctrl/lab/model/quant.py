@@ -1,17 +1,17 @@
-"""Simulated low-precision inference: FP8 (e4m3 / e5m2) block-scaled weights, per-token activations, BF16.
-
-Weights (slime ``tools/convert_hf_to_fp8.py`` ``block_fp8``, re-applied at every weight sync): per tile of
-128x128, ``scale = absmax(tile) / fmax`` (fp32) and ``q = cast_fp8(clamp(w / scale, -fmax, fmax))``; the engine
-computes with ``q * scale`` in fp32 (fake quantisation: the same values an FP8 GEMM multiplies). A matrix with
-fewer rows than a block gets one scale per row (tiles of 1 x 128): a 64x64 matrix would otherwise be a single
-per-tensor tile, far coarser than a 128x128 tile of a large model.
+"""Simulated low-precision inference: FP8 (e4m3 / e5m2) block-scaled weights (``fp8.py``), per-token activations,
+BF16 and FP16.
 
 Activations (SGLang's dynamic ``per_token_group_quant_fp8``): the input of each quantised linear layer gets one
 scale per token and group of 128 features (= per token row when the width is <= 128).
 
-Rounding is round-to-nearest-even by casting to ``torch.float8_e4m3fn`` (max 448) / ``torch.float8_e5m2``
-(max 57344) and back, which works on CPU. ``bf16`` rounds weights, linear inputs and outputs and the embedding
-tables to bfloat16 (a mild, BF16-engine-like mismatch).
+``bf16`` rounds weights, linear inputs and outputs and the embedding
+tables to bfloat16 (a mild, BF16-engine-like mismatch); ``fp16`` does the same in IEEE float16 (10 mantissa bits
+against bfloat16's 7, largest finite value 65504): every value a linear layer, an expert or the LM head produces is
+stored in the format, computed from format inputs with an fp32 accumulation (what a tensor-core GEMM does), norms,
+softmax and the residual sum staying fp32 as in ``bf16``. A value past 65504 becomes infinite there, as in a real
+float16 kernel: the engine counts those overflows (``RolloutEngine.overflow``), it does not clamp them.
+The trainer's precision (``+train-bf16`` / ``+train-fp16``, ``precision.py``) is part of a dose: the mismatch is made
+by the pair, the engine and the trainer that recomputes its samples.
 
 Mixture-of-experts layers: every expert's two matrices are quantised like the other linears (one block-scaled
 matrix per expert, activations per token and expert); by default the router ``gate`` is not quantised, as FP8
@@ -42,73 +42,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fp4 import MXFP4_BLOCK, NVFP4_BLOCK, fake_quantize_int4, fake_quantize_mxfp4, fake_quantize_nvfp4
+from .fp8 import BLOCK, FP8_FORMATS, dequantize_weight, fp8_format, quantize_weight, round_fp8
 from .policy import Experts
+from .precision import HALF_FORMATS, ROUTER_NAME, TRAIN_PRECISIONS, OverflowCounter, round_half
 
-FP8_FORMATS: dict[str, tuple[torch.dtype, float]] = {
-    "e4m3": (torch.float8_e4m3fn, 448.0),
-    "e5m2": (torch.float8_e5m2, 57344.0),
-}
 FP4_FORMATS = ("nvfp4", "mxfp4", "int4")
 WEIGHT_ONLY_FORMATS = ("int4",)
-FORMATS = ("none", "bf16", *FP8_FORMATS, *FP4_FORMATS)
-BLOCK = 128
-ROUTER_NAME = "gate"
-"""Name of the MoE router's linear layer, kept in full precision by the engine unless ``QuantConfig.router``."""
-
-
-def _fp8(fmt: str) -> tuple[torch.dtype, float]:
-    if fmt not in FP8_FORMATS:
-        raise ValueError(f"fmt: expected one of {sorted(FP8_FORMATS)}, got {fmt!r}")
-    return FP8_FORMATS[fmt]
-
-
-def round_fp8(x: Tensor, fmt: str) -> Tensor:
-    """Nearest FP8 value (ties to even) of x, saturated to +-fmax, returned in x's dtype."""
-    dtype, fmax = _fp8(fmt)
-    return x.clamp(-fmax, fmax).to(dtype).to(x.dtype)
+FORMATS = ("none", *HALF_FORMATS, *FP8_FORMATS, *FP4_FORMATS)
 
 
 def round_bf16(x: Tensor) -> Tensor:
     """Nearest bfloat16 value of x, returned in x's dtype."""
     return x.to(torch.bfloat16).to(x.dtype)
-
-
-def block_shape(rows: int, cols: int, block: int = BLOCK) -> tuple[int, int]:
-    """Tile of one weight scale: (block, block), or (1, block) when the matrix has fewer than ``block`` rows.
-    Tiles are clipped at the matrix edge, so a matrix narrower than ``block`` has one tile per row band."""
-    return (block if rows >= block else 1), block
-
-
-def _tiles(weight: Tensor, tile: tuple[int, int]) -> Tensor:
-    """Zero-padded weight viewed as [row_tiles, tile_rows, col_tiles, tile_cols]."""
-    rows, cols = weight.shape
-    tr, tc = tile
-    n_r, n_c = -(-rows // tr), -(-cols // tc)
-    padded = F.pad(weight, (0, n_c * tc - cols, 0, n_r * tr - rows))
-    return padded.view(n_r, tr, n_c, tc)
-
-
-def quantize_weight(weight: Tensor, fmt: str, block: int = BLOCK) -> tuple[Tensor, Tensor]:
-    """Block FP8 quantisation of a 2-D weight: codes (float8 dtype, weight's shape) and fp32 scales
-    [row_tiles, col_tiles] with ``scale = absmax(tile) / fmax`` (1.0 for an all-zero tile)."""
-    if weight.dim() != 2:
-        raise ValueError(f"weight: expected a 2-D matrix, got shape {tuple(weight.shape)}")
-    dtype, fmax = _fp8(fmt)
-    rows, cols = weight.shape
-    tiles = _tiles(weight.float(), block_shape(rows, cols, block))
-    absmax = tiles.abs().amax(dim=(1, 3), keepdim=True)
-    scale = torch.where(absmax > 0, absmax / fmax, torch.ones_like(absmax))
-    codes = (tiles / scale).clamp(-fmax, fmax).to(dtype)
-    codes = codes.view(tiles.shape[0] * tiles.shape[1], -1)[:rows, :cols]
-    return codes, scale.view(tiles.shape[0], tiles.shape[2])
-
-
-def dequantize_weight(codes: Tensor, scale: Tensor, block: int = BLOCK) -> Tensor:
-    """fp32 weight ``codes * scale`` of ``quantize_weight``'s output."""
-    rows, cols = codes.shape
-    tr, tc = block_shape(rows, cols, block)
-    expanded = scale.repeat_interleave(tr, dim=0).repeat_interleave(tc, dim=1)[:rows, :cols]
-    return codes.float() * expanded
 
 
 def fake_quantize_weight(weight: Tensor, fmt: str, block: int = BLOCK) -> Tensor:
@@ -117,8 +62,8 @@ def fake_quantize_weight(weight: Tensor, fmt: str, block: int = BLOCK) -> Tensor
     weight = weight.detach().float()
     if fmt == "none":
         return weight.clone()
-    if fmt == "bf16":
-        return round_bf16(weight)
+    if fmt in HALF_FORMATS:
+        return round_half(weight, fmt)
     if fmt == "nvfp4":
         return fake_quantize_nvfp4(weight, NVFP4_BLOCK)
     if fmt == "mxfp4":
@@ -136,7 +81,7 @@ def quantize_activations(x: Tensor, fmt: str, group: int = BLOCK) -> Tensor:
         return fake_quantize_nvfp4(x, NVFP4_BLOCK, per_row=True)
     if fmt == "mxfp4":
         return fake_quantize_mxfp4(x, MXFP4_BLOCK)
-    _, fmax = _fp8(fmt)
+    _, fmax = fp8_format(fmt)
     features = x.shape[-1]
     if features <= group:
         grouped = x.unsqueeze(-2)
@@ -153,8 +98,9 @@ def quantize_activations(x: Tensor, fmt: str, group: int = BLOCK) -> Tensor:
 class QuantConfig:
     """What the rollout engine quantises, and how.
 
-    fmt: ``none`` (exact fp32 copy), ``bf16``, ``e4m3``, ``e5m2``, ``nvfp4``, ``mxfp4`` or ``int4`` (weights only).
-    activations: quantise the inputs of quantised linear layers per token (FP8, FP4) / round them (bf16).
+    fmt: ``none`` (exact fp32 copy), ``bf16``, ``fp16``, ``e4m3``, ``e5m2``, ``nvfp4``, ``mxfp4`` or ``int4`` (weights
+      only).
+    activations: quantise the inputs of quantised linear layers per token (FP8, FP4) / round them (bf16, fp16).
     lm_head: quantise the LM head like the block linears (slime keeps it BF16; including it makes the tiny
       model's mismatch large-model-like).
     embeddings: quantise the token and position tables (FP8 per row / block, or bf16 rounding).
@@ -162,6 +108,8 @@ class QuantConfig:
     router: quantise the MoE router ``gate`` too (mode suffix ``+router``).
     engine_temperature: the engine divides its logits by this on top of the sampling temperature (mode ``tempX`` or
       suffix ``+tempX``); 1 = as the trainer.
+    train: the precision of the trainer that recomputes and trains on this engine's samples (suffix
+      ``+train-bf16`` / ``+train-fp16``; ``fp32``, the lab's trainer, by default): ``precision.precision_model``.
     """
 
     fmt: str = "e4m3"
@@ -171,6 +119,7 @@ class QuantConfig:
     block: int = BLOCK
     router: bool = False
     engine_temperature: float = 1.0
+    train: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -179,50 +128,66 @@ class QuantConfig:
             raise ValueError(f"QuantConfig.block must be >= 1, got {self.block}")
         if self.activations and self.fmt in WEIGHT_ONLY_FORMATS:
             raise ValueError(f"QuantConfig: {self.fmt} quantises weights only; set activations=False")
+        if self.train not in TRAIN_PRECISIONS:
+            raise ValueError(f"QuantConfig.train: expected one of {list(TRAIN_PRECISIONS)}, got {self.train!r}")
         if not (math.isfinite(self.engine_temperature) and self.engine_temperature > 0):
             raise ValueError(f"QuantConfig.engine_temperature must be a finite number > 0, got "
                              f"{self.engine_temperature}")
 
     @classmethod
     def from_mode(cls, mode: str) -> QuantConfig:
-        """Config of a mode name ``BASE[+router][+tempX]`` (BASE a name of ``QUANT_MODES``; ``+router`` not on
-        ``none``) or ``tempX`` (exact weights; x a number > 0), e.g. ``nvfp4+router``, ``temp1.05``,
-        ``e4m3+temp1.01``."""
+        """Config of a mode name ``BASE[+router][+tempX][+train-P]`` (BASE a name of ``QUANT_MODES``; ``+router``
+        not on ``none``; P a precision of ``TRAIN_PRECISIONS``) or ``tempX`` (exact weights; x a number > 0), e.g.
+        ``nvfp4+router``, ``temp1.05``, ``e4m3+temp1.01``, ``fp16+train-fp16``."""
         base, *suffixes = mode.strip().split("+")
         config = _temperature_mode(base, mode)
         if config is None:
             if base not in QUANT_MODES:
                 raise ValueError(f"quant mode: unknown {mode!r}; choose one of {', '.join(QUANT_MODES)} or tempX (an "
                                  "engine temperature x from 0.001 to 1000, e.g. temp1.05), optionally followed by "
-                                 "+router and/or +tempX")
+                                 f"+router, +tempX and/or +{TRAIN_PREFIX}P (P one of {', '.join(TRAIN_PRECISIONS)})")
             config = QUANT_MODES[base]
+        seen: set[str] = set()
         for suffix in suffixes:
             temperature = _temperature_mode(suffix, mode)
-            if suffix == "router" and config.fmt == "none":
-                raise ValueError(f"quant mode {mode!r}: +router needs a quantised engine (an exact one has nothing to "
-                                 "quantise); use e.g. e4m3+router")
-            if suffix == "router" and not config.router:
+            kind = "train" if suffix.startswith(TRAIN_PREFIX) else "temp" if temperature is not None else suffix
+            if kind in seen or kind not in ("router", "temp", "train"):
+                raise ValueError(f"quant mode {mode!r}: suffix {suffix!r} is not +router, +tempX or "
+                                 f"+{TRAIN_PREFIX}P, or repeats one")
+            seen.add(kind)
+            if kind == "router":
+                if config.fmt == "none":
+                    raise ValueError(f"quant mode {mode!r}: +router needs a quantised engine (an exact one has nothing "
+                                     "to quantise); use e.g. e4m3+router")
                 config = replace(config, router=True)
-            elif temperature is not None and config.engine_temperature == 1.0:
+            elif kind == "temp":
                 config = replace(config, engine_temperature=temperature.engine_temperature)
             else:
-                raise ValueError(f"quant mode {mode!r}: suffix {suffix!r} is not +router or +tempX, or repeats one")
+                precision = suffix[len(TRAIN_PREFIX):]
+                if precision not in TRAIN_PRECISIONS:
+                    raise ValueError(f"quant mode {mode!r}: {suffix!r} names no trainer precision; use "
+                                     f"{', '.join(TRAIN_PREFIX + p for p in TRAIN_PRECISIONS)}")
+                config = replace(config, train=precision)
         return config
 
     @property
     def mode(self) -> str:
         """Canonical mode name (``from_mode(config.mode) == config``), or a description of a custom config."""
-        plain = replace(self, router=False, engine_temperature=1.0)
+        plain = replace(self, router=False, engine_temperature=1.0, train="fp32")
         base = next((name for name, config in QUANT_MODES.items() if config == plain), None)
         if base is None:
-            return "custom(" + ",".join(f"{k}={v}" for k, v in asdict(self).items()) + ")"
+            fields = {k: v for k, v in asdict(self).items() if k != "train" or v != "fp32"}
+            return "custom(" + ",".join(f"{k}={v}" for k, v in fields.items()) + ")"
         temperature = f"temp{self.engine_temperature!r}" if self.engine_temperature != 1.0 else ""
         parts = [temperature if base == "none" and temperature else base]
         parts += ["router"] if self.router else []
         parts += [temperature] if temperature and base != "none" else []
+        parts += [TRAIN_PREFIX + self.train] if self.train != "fp32" else []
         return "+".join(parts)
 
 
+TRAIN_PREFIX = "train-"
+"""Mode suffix ``+train-P``: the trainer of the run computes in precision P (``precision.TRAIN_PRECISIONS``)."""
 TEMPERATURE_PREFIX = "temp"
 TEMPERATURE_RANGE = (1e-3, 1e3)
 """Engine temperatures ``tempX`` accepts: beyond them the engine samples one token or uniform noise, and the name
@@ -246,6 +211,7 @@ def _temperature_mode(text: str, mode: str) -> QuantConfig | None:
 QUANT_MODES: dict[str, QuantConfig] = {
     "none": QuantConfig(fmt="none", activations=False, lm_head=False),
     "bf16": QuantConfig(fmt="bf16", activations=True, lm_head=True, embeddings=True),
+    "fp16": QuantConfig(fmt="fp16", activations=True, lm_head=True, embeddings=True),
     "e4m3-w": QuantConfig(fmt="e4m3", activations=False, lm_head=False),
     "e4m3": QuantConfig(fmt="e4m3", activations=True, lm_head=True),
     "e5m2-w": QuantConfig(fmt="e5m2", activations=False, lm_head=False),
@@ -257,7 +223,7 @@ QUANT_MODES: dict[str, QuantConfig] = {
 """``e4m3`` (default): block weights + per-token activations + LM head. ``*-w``: block weights of the transformer
 linears only (slime's converter scope). ``e5m2``: as ``e4m3`` in the coarser format (a stress setting). ``nvfp4`` /
 ``mxfp4``: as ``e4m3`` in those FP4 formats. ``int4``: weights and LM head in INT4 groups of 128, activations exact
-(W4A16)."""
+(W4A16). ``bf16`` / ``fp16``: weights, embeddings, linear inputs and outputs and the LM head in that format."""
 
 
 def as_quant_config(quant: str | QuantConfig) -> QuantConfig:
@@ -265,25 +231,37 @@ def as_quant_config(quant: str | QuantConfig) -> QuantConfig:
     return quant if isinstance(quant, QuantConfig) else QuantConfig.from_mode(quant)
 
 
-def _quantize_input(x: Tensor, config: QuantConfig) -> Tensor:
-    """A linear layer's input as the engine feeds it: FP8 per token (and group), or bf16-rounded."""
+def _quantize_input(x: Tensor, config: QuantConfig, counter: OverflowCounter | None = None) -> Tensor:
+    """A linear layer's input as the engine feeds it: FP8 per token (and group), or rounded to bf16 / fp16."""
     if config.activations and config.fmt in (*FP8_FORMATS, *FP4_FORMATS):
         return quantize_activations(x, config.fmt, config.block)
-    if config.activations and config.fmt == "bf16":
-        return round_bf16(x)
+    if config.activations and config.fmt in HALF_FORMATS:
+        return _half(x, config, counter)
     return x
 
 
-def _round_output(y: Tensor, config: QuantConfig) -> Tensor:
-    return round_bf16(y) if config.fmt == "bf16" else y
+def _round_output(y: Tensor, config: QuantConfig, counter: OverflowCounter | None = None) -> Tensor:
+    return _half(y, config, counter) if config.fmt in HALF_FORMATS else y
+
+
+def _half(x: Tensor, config: QuantConfig, counter: OverflowCounter | None) -> Tensor:
+    rounded = round_half(x, config.fmt)
+    if counter is not None:
+        counter.add(x, rounded)
+    return rounded
+
+
+def _round_bias(bias: Tensor, config: QuantConfig) -> Tensor:
+    return round_half(bias, config.fmt) if config.fmt in HALF_FORMATS else bias
 
 
 class QuantLinear(nn.Module):
-    """Stand-in for an ``nn.Linear`` computing with quantised weights (and optionally inputs); no gradients."""
+    """Stand-in for an ``nn.Linear`` computing with quantised weights (and optionally inputs); no gradients.
+    ``counter``: where a float16 engine counts the values it rounded and those that overflowed."""
 
-    def __init__(self, linear: nn.Linear, config: QuantConfig) -> None:
+    def __init__(self, linear: nn.Linear, config: QuantConfig, counter: OverflowCounter | None = None) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.counter = config, counter
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", torch.empty_like(linear.weight, dtype=torch.float32))
         self.register_buffer("bias", None if linear.bias is None else torch.empty_like(linear.bias))
@@ -294,11 +272,11 @@ class QuantLinear(nn.Module):
         """Re-quantise from the fp32 layer (a weight sync)."""
         self.weight.copy_(fake_quantize_weight(linear.weight, self.config.fmt, self.config.block))
         if self.bias is not None:
-            bias = linear.bias.detach().float()
-            self.bias.copy_(round_bf16(bias) if self.config.fmt == "bf16" else bias)
+            self.bias.copy_(_round_bias(linear.bias.detach().float(), self.config))
 
     def forward(self, x: Tensor) -> Tensor:
-        return _round_output(F.linear(_quantize_input(x, self.config), self.weight, self.bias), self.config)
+        config, counter = self.config, self.counter
+        return _round_output(F.linear(_quantize_input(x, config, counter), self.weight, self.bias), config, counter)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.config.mode}"
@@ -306,11 +284,12 @@ class QuantLinear(nn.Module):
 
 class QuantExperts(nn.Module):
     """Stand-in for ``policy.Experts``: each expert's fc1 / fc2 matrix block-quantised on its own, the input of each
-    expert matrix quantised per token (fc2's per token and expert); biases as ``QuantLinear``'s; no gradients."""
+    expert matrix quantised per token (fc2's per token and expert); biases and ``counter`` as ``QuantLinear``'s; no
+    gradients."""
 
-    def __init__(self, experts: Experts, config: QuantConfig) -> None:
+    def __init__(self, experts: Experts, config: QuantConfig, counter: OverflowCounter | None = None) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.counter = config, counter
         for name, param in experts.named_parameters(recurse=False):
             self.register_buffer(name, torch.empty_like(param, dtype=torch.float32))
         self.load_from(experts)
@@ -323,15 +302,15 @@ class QuantExperts(nn.Module):
             stacked = getattr(experts, name)
             getattr(self, name).copy_(torch.stack([fake_quantize_weight(w, fmt, block) for w in stacked]))
         for name in ("fc1_bias", "fc2_bias"):
-            bias = getattr(experts, name).detach().float()
-            getattr(self, name).copy_(round_bf16(bias) if fmt == "bf16" else bias)
+            getattr(self, name).copy_(_round_bias(getattr(experts, name).detach().float(), self.config))
 
     def forward(self, x: Tensor, weights: Tensor) -> Tensor:
-        config = self.config
-        hidden = torch.einsum("...d,efd->...ef", _quantize_input(x, config), self.fc1_weight) + self.fc1_bias
-        hidden = F.gelu(_round_output(hidden, config))
-        out = torch.einsum("...ef,edf->...ed", _quantize_input(hidden, config), self.fc2_weight) + self.fc2_bias
-        return torch.einsum("...e,...ed->...d", weights, _round_output(out, config))
+        config, counter = self.config, self.counter
+        hidden = torch.einsum("...d,efd->...ef", _quantize_input(x, config, counter), self.fc1_weight) + self.fc1_bias
+        hidden = F.gelu(_round_output(hidden, config, counter))
+        out = torch.einsum("...ef,edf->...ed", _quantize_input(hidden, config, counter), self.fc2_weight) + \
+            self.fc2_bias
+        return torch.einsum("...e,...ed->...d", weights, _round_output(out, config, counter))
 
     def extra_repr(self) -> str:
         return f"experts={self.fc1_weight.shape[0]}, mode={self.config.mode}"
@@ -346,23 +325,26 @@ def _quantize_table(table: Tensor, config: QuantConfig) -> Tensor:
 def quantize_model(model: nn.Module, quant: str | QuantConfig, head_name: str = "lm_head") -> nn.Module:
     """A frozen copy of ``model`` whose linear layers are ``QuantLinear`` and whose experts are ``QuantExperts`` per
     ``quant`` (the LM head, named ``head_name``, only if ``quant.lm_head``; MoE routers, named ``ROUTER_NAME``,
-    only if ``quant.router``); keep it in step with ``sync_quantized``."""
+    only if ``quant.router``); keep it in step with ``sync_quantized``. A float16 engine's modules share one
+    ``OverflowCounter``, the copy's ``overflow`` attribute (None for other formats)."""
     config = as_quant_config(quant)
     quantized = copy.deepcopy(model)
+    counter = OverflowCounter() if config.fmt == "fp16" else None
     if config.fmt != "none":
         for name, module in list(quantized.named_modules()):
             child = name.rpartition(".")[2]
             if isinstance(module, Experts):
-                replacement: nn.Module = QuantExperts(module, config)
+                replacement: nn.Module = QuantExperts(module, config, counter)
             elif (isinstance(module, nn.Linear) and (config.router or child != ROUTER_NAME)
                   and (config.lm_head or name != head_name)):
-                replacement = QuantLinear(module, config)
+                replacement = QuantLinear(module, config, counter)
             else:
                 continue
             parent_name = name.rpartition(".")[0]
             parent = quantized.get_submodule(parent_name) if parent_name else quantized
             setattr(parent, child, replacement)
     quantized.requires_grad_(False).eval()
+    quantized.overflow = counter
     sync_quantized(quantized, model, config)
     return quantized
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ... import regular_files
 from .engine import RolloutEngine
 from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy, load_balance_loss
 from .task import DIGIT0, EOS, PAD, Task, make_task
@@ -224,8 +226,12 @@ def _save_atomic(payload: dict[str, object], path: Path) -> None:
         raise
 
 
+MAX_CACHE_BYTES = 1 << 30
+"""A cached warm-up is the policy's weights: 21 MB for the 5.3M-parameter ``moe-large``; a larger file is not one."""
+
+
 def _load(path: Path, task: Task, policy_config: PolicyConfig) -> WarmupResult:
-    saved = torch.load(path, weights_only=True)
+    saved = torch.load(io.BytesIO(regular_files.read_bytes(path, MAX_CACHE_BYTES)), weights_only=True)
     if saved["format"] != CACHE_FORMAT or PolicyConfig(**saved["policy_config"]) != policy_config:
         raise ValueError("format or policy shape differs from the config")
     policy = TinyPolicy(policy_config)
@@ -261,7 +267,7 @@ def warmup_policy(
     if path is not None and path.exists():
         try:
             return _load(path, task, policy_config)
-        except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as error:
+        except (OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as error:
             if log is not None:
                 log(f"warm-up cache {path} unreadable ({error}); training again")
     start = time.perf_counter()

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ...formatting import fmt
-from .pooling import AGAINST, POOLED, InteractionRow, VersusRow
+from .pooling import POOLED, InteractionRow, VersusRow, against_name
 from .stats import Spread
 from .table import Run, RunTable
 
@@ -37,7 +37,7 @@ def signed(s: Spread | None) -> str:
 def pooled_table(rows: list[VersusRow], metric: str, against: str = "grpo") -> str:
     """``pooling.pooled_versus`` as a markdown table: run, reference, directory (or pooled), seeds, the paired
     difference, and collapsed seeds of the run and of its reference."""
-    lines = [f"{metric}: run - {AGAINST[against]}, paired by seed, mean [95% t interval]", "",
+    lines = [f"{metric}: run - {against_name(against)}, paired by seed, mean [95% t interval]", "",
              "| run | reference | directory | seeds | run - reference | collapsed: run, reference |",
              "|---|---|---|---|---|---|"]
     for r in rows:

@@ -81,9 +81,10 @@ def frontier(aggregated: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
 def reference_of(label: str, aggregated: dict[str, dict[str, Any]], against: str = "grpo") -> str | None:
     """The run ``label`` is compared with: ``grpo`` - GRPO on its engine (``grpo@<dose>``), ``exact`` - the exact
-    engine (``exact_reference``); None for the reference itself or when it was not run."""
+    engine (``exact_reference``), a run label - that run; None for the reference itself or when it was not run."""
     entry = aggregated[label]
-    reference = f"grpo@{entry['quant']}" if against == "grpo" else exact_reference(entry, aggregated)
+    reference = (f"grpo@{entry['quant']}" if against == "grpo" else
+                 exact_reference(entry, aggregated) if against == "exact" else against)
     return reference if reference in aggregated and reference != label else None
 
 

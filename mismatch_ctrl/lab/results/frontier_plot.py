@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...regular_files import save_figure
 from .frontier import EXACT, GAPS
 from .stats import Spread
 from .style import LINE_NOTE, line_style, new_figure, order_key
@@ -184,5 +185,5 @@ def write_frontier_plot(found: dict[str, Any], path: Path) -> Path:
     """``frontier.png``: the figure of :func:`frontier_figure`. Returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = frontier_figure(found)
-    fig.savefig(path, dpi=fig.dpi, bbox_inches="tight")
+    save_figure(fig, path, dpi=fig.dpi, bbox_inches="tight")
     return path

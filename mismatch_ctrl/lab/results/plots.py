@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...regular_files import save_figure
 from ...smoothing import moving_average
 from .style import LEGEND_NOTE, new_figure, run_style
 
@@ -250,7 +251,7 @@ def write_plots(runs: Runs, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in render(runs):
-        fig.savefig(out_dir / f"{name}.png", dpi=fig.dpi, bbox_inches="tight")
+        save_figure(fig, out_dir / f"{name}.png", dpi=fig.dpi, bbox_inches="tight")
         written.append(out_dir / f"{name}.png")
     return written
 

@@ -27,7 +27,13 @@ from .table import RunTable
 POOLED = "pooled"
 """The ``source`` of a pooled row."""
 AGAINST = {"grpo": "GRPO on the same engine", "exact": "the exact engine"}
-"""What ``pooled_versus`` compares each run with."""
+"""What ``pooled_versus`` compares each run with; any other reference is a run label (``METHOD@ENGINE[+r3]``) that
+every run is compared with, e.g. ``grpo@fp16+train-fp16``."""
+
+
+def against_name(against: str) -> str:
+    """How a table names the reference ``against`` (an ``AGAINST`` key or a run label)."""
+    return AGAINST.get(against, f"`{against}`")
 
 
 def per_seed(parts: Iterable[dict[int, float]]) -> dict[int, float]:
@@ -59,8 +65,8 @@ class VersusRow:
 def pooled_versus(table: RunTable, metric: str, against: str = "grpo") -> list[VersusRow]:
     """Per directory (table order) each run against its reference (``AGAINST``) on ``metric``; with several
     directories, then one pooled row per run (sorted) measured in two or more of them."""
-    if against not in AGAINST:
-        raise ValueError(f"against: expected one of {sorted(AGAINST)}, got {against!r}")
+    if against not in AGAINST and "@" not in against:
+        raise ValueError(f"against: expected one of {sorted(AGAINST)} or a run label METHOD@ENGINE, got {against!r}")
     rows, parts = [], {}
     for source in table.sources():
         aggregated = aggregate_runs(table.where(source))

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...formatting import fmt
+from ... import regular_files
+from ...formatting import code_span, fmt
 from ..training.summary import LAYER_FLIPS
 from .analysis import Comparison
 from .controllers import CONTROLLER_COLUMNS
@@ -81,7 +82,8 @@ def write_report(comparison: Comparison, plots: list[Path], out_dir: Path, comma
     intervals support, the controller table, ``sections`` (more markdown lines) and ``plots`` (paths under
     ``out_dir``)."""
     path = out_dir / "report.md"
-    path.write_text("\n".join(_lines(comparison, plots, out_dir, commands, sections)) + "\n")
+    regular_files.write_atomic(path, ("\n".join(_lines(comparison, plots, out_dir, commands, sections)) + "\n")
+                               .encode())
     return path
 
 
@@ -92,7 +94,7 @@ def _lines(comparison: Comparison, plots: list[Path], out_dir: Path, commands: l
         "# mismatch_ctrl lab report",
         "",
         f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} from the runs of "
-        + ", ".join(f"`{c}`" for c in commands) + ".",
+        + ", ".join(map(code_span, commands)) + ".",
         "",
         f"Policy `{settings['policy']}`, task `{settings['task']}`, {settings['steps']} rollouts of "
         f"{settings['prompts_per_step']} prompts x {settings['samples_per_prompt']} samples, "

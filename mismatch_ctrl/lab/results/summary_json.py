@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ... import regular_files
 from .analysis import Comparison
 from .frontier import frontier_json
 from .report import INTERVAL
@@ -30,5 +31,5 @@ def summary_of(comparison: Comparison, commands: list[str]) -> dict[str, Any]:
 
 def write_summary(comparison: Comparison, commands: list[str], path: Path) -> Path:
     """``summary_of`` written to ``path``."""
-    path.write_text(json.dumps(summary_of(comparison, commands), indent=1))
+    regular_files.write_atomic(path, json.dumps(summary_of(comparison, commands), indent=1).encode())
     return path

@@ -11,11 +11,12 @@ configuration compared where both directories ran the method) unless asked to po
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..results.table import Run, RunTable
-from .integrity import DamagedRun, check_runs, run_folders
+from .integrity import DamagedRun, check_runs, run_folders, unhashed_note
 from .sweep import SweepError, changed_fields, differences, digest
 
 IGNORED_SETTINGS = ("seed", "device", "dump_details")
@@ -31,9 +32,10 @@ def conditions(run: Run) -> dict[str, Any]:
             f"method {run.method}": run.fingerprint.get("method_config", {})}
 
 
-def read_directories(directories: list[Path]) -> RunTable:
+def read_directories(directories: list[Path], trust_unhashed: bool = False) -> RunTable:
     """The runs of each directory (checked by ``integrity.check_runs``; ``source`` = the directory as given), in
-    directory order and, within one, by label and seed. SweepError naming the directory or run that cannot count."""
+    directory order and, within one, by label and seed. SweepError naming the directory or run that cannot count;
+    ``trust_unhashed``: count runs whose fingerprint records no file hashes, named on standard error."""
     given: dict[Path, Path] = {}
     for directory in directories:
         if directory.resolve() in given:
@@ -49,13 +51,16 @@ def read_directories(directories: list[Path]) -> RunTable:
             raise SweepError(f"{directory}: not a directory; give lab output directories (the --out of "
                              "`mismatch-ctrl lab`)")
         try:
-            checked = check_runs(run_folders(directory))
+            checked = check_runs(run_folders(directory), trust_unhashed)
         except DamagedRun as exc:
             raise SweepError(f"{exc.folder}: a damaged run ({exc.problem}); compare cannot count it. Leave {directory} "
                              f"out, or move the {'folder' if exc.folder.is_dir() else 'file'} out of it (the next "
                              f"`mismatch-ctrl lab --out {directory}` trains the run again)") from None
         if not checked:
             raise SweepError(f"{directory}: no runs (*/seed*/); give the --out of a `mismatch-ctrl lab` sweep")
+        note = unhashed_note(checked)
+        if note is not None:
+            print(f"mismatch-ctrl lab compare: warning: {directory}: {note}", file=sys.stderr, flush=True)
         for run in sorted(checked, key=lambda r: (r.spec.label, r.settings.seed)):
             other = owner.setdefault(run.metrics_sha256, run.folder)
             if other != run.folder:

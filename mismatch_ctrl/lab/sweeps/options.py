@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ LAB_PRESETS: dict[str, dict[str, Any]] = {
                   "num_steps_per_rollout": 4, "seeds": tuple(range(10))},
     "gpu-moe": {"policy": "moe-large", "quant": "nvfp4", "methods": "grpo@none,grpo,grpo+r3", "steps": 120,
                 "num_steps_per_rollout": 4, "lr": 1e-4, "seeds": tuple(range(40, 48))},
+    "precision": {"methods": "grpo@none,grpo@bf16+train-bf16,grpo@fp16+train-fp16,grpo@e4m3+train-bf16,"
+                             "grpo@e4m3+train-bf16+r3,grpo@nvfp4+train-bf16,grpo@nvfp4+train-bf16+r3",
+                  "steps": 120, "num_steps_per_rollout": 4, "seeds": tuple(range(150, 156))},
     "surge": {"task": "digitsum", "lr": 5e-4, "steps": 120, "quant": "e4m3", "seeds": tuple(range(70, 75)),
               "methods": "grpo@none,grpo,length_decay,grpo@nvfp4"},
     "surge-compare": {"task": "digitsum", "lr": 5e-4, "steps": 120, "quant": "none,nvfp4",
@@ -71,6 +75,11 @@ the first updates wreck the warmed-up policy even on the exact engine (seed 40 o
 first rollout, 0.000 from the second on at 1e-3, about 0.1 at 3e-4; at 1e-4 0.63-0.70 by rollouts 12-15). On one
 H200 with ``--device cuda --jobs 8`` the whole preset took 5.5 minutes, warm-ups included
 (docs/lab-offpolicy.md).
+
+``precision``: FP16 precision alignment (Qi et al. 2025) at the lab's harm regime, K = 4, 120 rollouts: the exact
+engine, BF16 everywhere and FP16 everywhere (engine and trainer in one format, ``model.precision``), and FP8 e4m3 /
+NVFP4 rollouts against a BF16 trainer without and with R3, seeds 150-155 (42 runs; its unseen seeds are 156-161:
+docs/lab-precision.md; ``benchmarks/lab_precision_16core.sh`` runs both sets on 16 cores).
 
 ``surge`` and ``surge-compare``: the response-length surge (docs/lab-surge.md) on the ``digitsum`` task, whose
 scratchpad RL discovers, at lr 5e-4 (at the lab's 1e-3 the scratchpad took over within 10-20 rollouts, before the
@@ -185,6 +194,22 @@ def quant_list(text: str) -> str:
     return ",".join(modes)
 
 
+def reference_run(text: str) -> str:
+    """``lab compare --against``: ``grpo``, ``exact`` or a run label ``METHOD@ENGINE[+r3]`` (its engine by its
+    canonical name, as run folders are named)."""
+    if text in ("grpo", "exact"):
+        return text
+    method, at, engine = text.strip().removesuffix("+r3").partition("@")
+    if not (method and at and engine):
+        raise argparse.ArgumentTypeError(f"expected grpo, exact or a run label METHOD@ENGINE[+r3] such as "
+                                         f"grpo@fp16+train-fp16, got {clip(text, 80)!r}")
+    try:
+        mode = as_quant_config(engine).mode
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"{method}@{mode}" + ("+r3" if text.strip().endswith("+r3") else "")
+
+
 def device_name(text: str) -> str:
     """``auto`` (resolved per policy by :func:`~mismatch_ctrl.lab.training.settings.auto_device`), ``cpu`` or ``cuda``
     (refused without a CUDA GPU)."""
@@ -227,9 +252,20 @@ def ray_address(text: str) -> str:
 
 def resolve(ns: argparse.Namespace) -> dict[str, Any]:
     """The value of every ``LAB_DEFAULTS`` option: given on the command line, else from ``--preset``, else the
-    policy's own default (:data:`POLICY_DEFAULTS`), else the lab's."""
-    preset = LAB_PRESETS[ns.preset] if ns.preset else {}
+    policy's own default (:data:`POLICY_DEFAULTS`), else the lab's.
+
+    A preset's values are tuned for its own policy (``policy`` in the preset, else the lab's ``moe``): with another
+    ``--policy`` that has its own default for one of them (``moe-large``'s lr 1e-4, which the lab's 1e-3 and
+    ``e5m2-edge``'s 1.5e-3 wreck), the policy's default is used instead, and a note on standard error says so (an
+    explicit flag still decides)."""
+    preset = dict(LAB_PRESETS[ns.preset]) if ns.preset else {}
+    policy = ns.policy or preset.get("policy") or LAB_DEFAULTS["policy"]
+    own = POLICY_DEFAULTS.get(policy, {})
+    if policy != preset.get("policy", LAB_DEFAULTS["policy"]):
+        for name in [name for name in own if name in preset and getattr(ns, name) is None]:
+            print(f"mismatch-ctrl lab: note: --preset {ns.preset} sets {name} {preset.pop(name):g} for the "
+                  f"{preset.get('policy', LAB_DEFAULTS['policy'])} policy; --policy {policy} uses its own {name} "
+                  f"{own[name]:g} (give --{name.replace('_', '-')} to choose)", file=sys.stderr)
     given = {name: getattr(ns, name) if getattr(ns, name) is not None else preset.get(name)
              for name in LAB_DEFAULTS}
-    own = POLICY_DEFAULTS.get(given["policy"] or LAB_DEFAULTS["policy"], {})
     return {name: value if value is not None else own.get(name, LAB_DEFAULTS[name]) for name, value in given.items()}

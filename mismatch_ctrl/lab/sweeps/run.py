@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ... import regular_files
 from ...formatting import clip
 from ..model.warmup import WarmupConfig, cache_path, default_cache_dir, warmup_policy, warmup_preset
 from ..results.outputs import write_outputs
@@ -27,7 +28,7 @@ from ..training.methods import RunSpec
 from ..training.settings import LabSettings
 from .budget import check_warmups, training_estimate
 from .executors import Executor, LocalExecutor
-from .integrity import CheckedRun, check_run, check_runs, run_folders
+from .integrity import CheckedRun, check_run, check_runs, run_folders, unhashed_note
 from .lock import OutLock
 from .progress import SweepProgress
 from .sweep import (
@@ -71,7 +72,7 @@ class LabResult:
 def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int = 1,
             command: str = "mismatch-ctrl lab", cache_dir: str | Path | None = None, show_progress: bool = True,
             warmup: WarmupConfig | None = None, seeds: tuple[int, ...] = (0,), executor: Executor | None = None,
-            progress_interval: float = 30.0) -> LabResult:
+            progress_interval: float = 30.0, trust_unhashed: bool = False) -> LabResult:
     """Train each run once per seed, each from its seed's warmed-up policy, and write ``out_dir/report.md``,
     ``summary.json``, plots and per-run folders. Runs already finished in ``out_dir`` with the same fingerprint are
     not trained again; before any warm-up, runs made there with other settings are refused (SweepError), a damaged,
@@ -79,7 +80,8 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
     (``budget.check_warmups``, which also announces warm-ups expected to take long).
 
     ``warmup`` defaults to the task's preset for ``settings.policy`` (``warmup_preset``); its seed is replaced by
-    each run seed. Warm-ups are cached. ``executor`` defaults to ``LocalExecutor(jobs)``.
+    each run seed. Warm-ups are cached. ``executor`` defaults to ``LocalExecutor(jobs)``. ``trust_unhashed``: count
+    finished runs whose fingerprint records no file hashes (``integrity.UnhashedRun``), named on standard error.
     """
     torch.set_num_threads(1)
     labels = [spec.label for spec in runs]
@@ -101,7 +103,7 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
     with OutLock(out_dir, log):
         for path in clean_partial(out_dir):
             log(f"removed the unfinished run folder {path} (a sweep was stopped while writing it)")
-        checked = {run.folder: run for run in check_runs(run_folders(out_dir))}
+        checked = {run.folder: run for run in _checked(run_folders(out_dir), trust_unhashed)}
         finished = plan(out_dir, grid, base, {folder: run.inputs for folder, run in checked.items()})
         _commands(out_dir)
         todo = [(spec, s) for (spec, s), done in zip(grid, finished) if not done]
@@ -125,6 +127,15 @@ def run_lab(runs: list[RunSpec], settings: LabSettings, out_dir: Path, jobs: int
 
 def _quiet(text: str) -> None:
     """A log that prints nothing."""
+
+
+def _checked(folders: list[Path], trust_unhashed: bool) -> list[CheckedRun]:
+    """``integrity.check_runs``; the runs counted without file hashes named on standard error."""
+    runs = check_runs(folders, trust_unhashed)
+    note = unhashed_note(runs)
+    if note is not None:
+        print(f"mismatch-ctrl lab: warning: {note}", file=sys.stderr, flush=True)
+    return runs
 
 
 def _existing(path: Path) -> Path:
@@ -171,14 +182,19 @@ def _write_outputs(runs: list[CheckedRun], out_dir: Path, commands: list[str]) -
 
 
 def _commands(out_dir: Path, command: str | None = None) -> list[str]:
-    """The lab commands that trained into ``out_dir`` (``COMMANDS_FILE``), after appending ``command`` if given;
-    SweepError naming the file when it cannot be read or written as UTF-8 text."""
+    """The lab commands that trained into ``out_dir`` (``COMMANDS_FILE``), after appending ``command`` (one line: see
+    ``quoting.shell_command``) if given; SweepError naming the file when it cannot be read or written as UTF-8 text
+    (a FIFO or a device there is refused by name, never opened)."""
     path = out_dir / COMMANDS_FILE
     try:
+        try:
+            text = regular_files.read_text(path)
+        except FileNotFoundError:
+            text = ""
         if command is not None:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(command.encode("utf-8", "backslashreplace").decode() + "\n")
-        return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+            text += ("" if not text or text.endswith("\n") else "\n") + command + "\n"
+            regular_files.write_atomic(path, text.encode("utf-8", "backslashreplace"))
+        return text.splitlines()
     except (OSError, UnicodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else clip(str(exc), 120)
         raise SweepError(f"--out {out_dir}: {path} cannot be read or written as UTF-8 text ({reason}); it lists the "
@@ -186,7 +202,8 @@ def _commands(out_dir: Path, command: str | None = None) -> list[str]:
                          "then names only the commands from now on)") from None
 
 
-def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-only") -> LabResult:
+def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-only",
+                   trust_unhashed: bool = False) -> LabResult:
     """Summaries, report and plots of a lab output directory written again from the runs it holds
     (``<label>/seed<k>/``): after a change of the report, or after more seeds were trained into the same directory.
     Runs keep the order of the previous ``summary.json`` where it lists them. Every run folder is checked first
@@ -196,7 +213,7 @@ def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-onl
     if not folders:
         raise ValueError(f"--report-only: no runs (*/seed*/) in {out_dir}; run the lab into it first")
     order = _previous_order(out_dir / "summary.json")
-    runs = check_runs(folders)
+    runs = _checked(folders, trust_unhashed)
     reference = shared_inputs(runs[0].inputs)
     for run in runs[1:]:
         other = shared_inputs(run.inputs)
@@ -211,10 +228,11 @@ def rewrite_report(out_dir: Path, command: str = "mismatch-ctrl lab --report-onl
 
 
 def _previous_order(path: Path) -> list[str]:
-    """Run labels in the order of a previous ``summary.json`` (empty when absent or unreadable: it is rewritten)."""
+    """Run labels in the order of a previous ``summary.json`` (empty when absent or unreadable: it is rewritten; a
+    FIFO or a device there is never opened)."""
     try:
-        return [str(row["label"]) for row in json.loads(path.read_text())["runs"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
+        return [str(row["label"]) for row in regular_files.read_json(path)["runs"]]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return []
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ... import regular_files
 from ...formatting import brief, clip
 from ..model.warmup import WarmupConfig
 from ..training.methods import RunSpec, method_section
@@ -62,6 +63,12 @@ def fingerprint_inputs(spec: RunSpec, settings: LabSettings, warmup: WarmupConfi
 def digest(inputs: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of ``inputs``."""
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def record_digest(inputs: dict[str, Any], files: Any) -> str:
+    """The ``sha256`` of a run's ``fingerprint.json``: over its inputs and its list of file hashes, so the record
+    covers its own list (removing or emptying ``files`` is an edit ``integrity`` sees)."""
+    return digest({"inputs": inputs, "files": files})
 
 
 def file_digests(files: dict[str, bytes]) -> dict[str, str]:
@@ -121,11 +128,21 @@ def plan(out_dir: Path, grid: list[tuple[RunSpec, LabSettings]], warmup: WarmupC
 
 
 def clean_partial(out_dir: Path) -> list[Path]:
-    """Remove the unfinished run folders a killed sweep left (``<label>/.seed<k>.partial``); return them."""
-    removed = sorted(out_dir.glob(f"*/.seed*{PARTIAL_SUFFIX}"))
-    for path in removed:
+    """Remove the unfinished run folders a killed sweep left (``<label>/.seed<k>.partial``); return them. A file or a
+    symbolic link of such a name was not left by the lab, which writes only folders there: SweepError naming what it
+    is, before anything is removed (a link is never followed)."""
+    stale = sorted(out_dir.glob(f"*/.seed*{PARTIAL_SUFFIX}"))
+    for path in stale:
+        if path.is_symlink() or not path.is_dir():
+            what = f"a symbolic link to {os.readlink(path)}" if path.is_symlink() else \
+                regular_files.what_is(path) or "a file"
+            raise SweepError(f"--out {out_dir}: {path} is {what}, where the lab keeps the folder of a run it is "
+                             "writing (a stopped sweep leaves one, which the next sweep removes); the lab wrote no "
+                             f"such {'link' if path.is_symlink() else 'thing'} and removes only its own folders: move "
+                             "it out of the output directory (or delete it), then rerun")
+    for path in stale:
         shutil.rmtree(path)
-    return removed
+    return stale
 
 
 def commit_run(out_dir: Path, task: RunTask, files: dict[str, bytes], warmup: WarmupConfig) -> Path:
@@ -141,7 +158,8 @@ def commit_run(out_dir: Path, task: RunTask, files: dict[str, bytes], warmup: Wa
             target = partial / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
-        record = {"sha256": digest(inputs), "inputs": inputs, "files": file_digests(files)}
+        hashes = file_digests(files)
+        record = {"sha256": record_digest(inputs, hashes), "inputs": inputs, "files": hashes}
         (partial / FINGERPRINT_FILE).write_text(json.dumps(record, indent=1, default=str) + "\n")
         os.replace(partial, final)
     except OSError as exc:

@@ -11,6 +11,8 @@ from .settings import LabSettings
 
 LAYER_FLIPS = "routing_flip_fraction_layer"
 """Record key prefix of the routing flips of one layer (``routing_flip_fraction_layer<j>``)."""
+OVERFLOWS = ("engine_overflow_fraction", "train_overflow_fraction")
+"""Record keys of a float16 engine's / trainer's overflow share (only in runs with float16)."""
 
 
 def collapse_step(rewards: list[float], window: int) -> int | None:
@@ -41,7 +43,8 @@ def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]
     """One row of the report: accuracies (start, final, best, and ``late``: the mean over the evaluations of the last
     quarter of the rollouts and the final one), reward, discrepancy (mean, max, first and last quarter), routing
     flips, collapse step (``collapse_step`` on the rewards or ``blow_up_step``, whichever comes first), the share of
-    samples whose engine logits turned non-finite (a blown-up policy) and wall
+    samples whose engine logits turned non-finite (a blown-up policy), in runs with float16 the overflow shares, the
+    FP16 trainer's skipped steps and last loss scale, and wall
     time of a run."""
     evals = [r for r in records if "eval_acc_engine" in r]
     last = records[-1]
@@ -78,6 +81,9 @@ def summarize(spec: RunSpec, settings: LabSettings, records: list[dict[str, Any]
         "collapse_step": min((step for step in (collapse_step(rewards, settings.collapse_window),
                                                 blow_up_step(records)) if step is not None), default=None),
         "engine_nonfinite_fraction": mean_of("engine_nonfinite_fraction") or 0.0,
+        **{key: mean_of(key) for key in OVERFLOWS if key in records[0]},
+        **({"skipped_steps": sum(r["train/skipped_steps"] for r in records),
+            "final_loss_scale": records[-1]["train/loss_scale"]} if "train/skipped_steps" in records[0] else {}),
         "seconds": records[-1]["seconds"],
         "seconds_per_step": records[-1]["seconds"] / len(records),
     }

@@ -13,6 +13,12 @@ One rollout (= one training iteration), as in slime with ``--colocate``:
    the original mask counts as denominators, divided by the global batch size);
 6. Adam step, then the weight sync re-quantises the engine.
 
+The trainer computes in fp32, or in the precision its dose names (``+train-bf16`` / ``+train-fp16``:
+``model.precision``): the recompute of step 3 and the training forwards run there, FP16 with Megatron's dynamic loss
+scaling from ``LAB_INITIAL_LOSS_SCALE`` (a step whose gradients overflow is skipped, ``train/skipped_steps``,
+``train/loss_scale``); a float16 engine
+or trainer logs the share of its values that overflowed (``engine_overflow_fraction``, ``train_overflow_fraction``).
+
 The hooks get slime's ``args`` with ``num_experts`` = the policy's expert count, so DC-GRPO resolves its
 per-architecture defaults exactly as on the cluster. With ``dump_details`` each rollout's batch is also written in
 slime's ``--dump-details`` format (``<run>/dump/train_data/<rollout>.pt``), which ``mismatch-ctrl analyze`` reads.
@@ -36,6 +42,8 @@ from ...slime import hooks
 from ...slime.names import ADVANTAGE_HOOK, INIT_HOOK, LR_HOOK, TIS_HOOK
 from ..model.engine import RolloutEngine
 from ..model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
+from ..model.precision import LAB_INITIAL_LOSS_SCALE, DynamicLossScaler, precision_model
+from ..model.quant import as_quant_config
 from ..model.routing import routing_metrics
 from ..model.task import make_task
 from .length_stats import length_buckets
@@ -125,17 +133,37 @@ class Trainer:
             raise ValueError(f"run {spec.label!r}: routing replay needs a mixture-of-experts policy")
         self.engine = RolloutEngine(self.policy, spec.quant)
         self.reference = RolloutEngine(self.policy, "none")
+        precision = as_quant_config(spec.quant).train
+        self.train_model = precision_model(self.policy, precision)
+        self.scaler = DynamicLossScaler(LAB_INITIAL_LOSS_SCALE) if precision == "fp16" else None
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=settings.lr)
         for group in self.optimizer.param_groups:
             group.update(max_lr=settings.lr, min_lr=0.0)
         self.scheduler = ConstantLRScheduler(self.optimizer)
         self.max_new = settings.max_new_tokens or self.task.generation_len
         self.args = slime_args(spec, settings, self.max_new, out_dir / "state", self.policy.config.n_experts)
-        hooks.on_megatron_init(self.args)
+        self.start_hooks()
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.sampler = (self.generator if self.device.type == "cpu"
                         else torch.Generator(self.device).manual_seed(settings.seed))
         self.eval_prompts = self.task.eval_prompts(settings.eval_prompts).to(self.device)
+
+    def start_hooks(self) -> None:
+        """Validate the method against the adapter's arguments (slime: ``on_megatron_init``)."""
+        hooks.on_megatron_init(self.args)
+
+    def advantages(self, step: int, data: dict[str, Any]) -> None:
+        """The advantage step of rollout ``step`` on ``data`` (slime's advantage hook; it sets
+        ``data["advantages"]`` and the ``mismatch_ctrl/*`` metrics)."""
+        hooks.advantages(self.args, data)
+
+    def before_optimizer_step(self, step: int, opt_step: int) -> None:
+        """slime's before-train-step hook (the LR-decay factor), before every optimizer step."""
+        hooks.before_train_step(self.args, step, opt_step, [self.policy], self.optimizer, self.scheduler)
+
+    def correct(self, **kwargs: Any) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
+        """slime's rollout-correction hook on one micro-batch: ``(pg_loss, masks, metrics)``."""
+        return hooks.rollout_correction(self.args, **kwargs)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy exact-match accuracy on held-out prompts: FP8 engine (deployed) and fp32 policy."""
@@ -163,7 +191,7 @@ class Trainer:
         raw = self.task.reward(rollout.prompts.cpu(), rollout.responses.cpu())
         mask = rollout.response_mask
         with torch.inference_mode():
-            old, routing, _ = self.policy.score(rollout.tokens, rollout.prompt_len, mask, s.temperature,
+            old, routing, _ = self.train_model.score(rollout.tokens, rollout.prompt_len, mask, s.temperature,
                                                 self.replay(rollout))
         routed: dict[str, Any] = {}
         if routing is not None:
@@ -194,19 +222,49 @@ class Trainer:
         order = torch.randperm(len(data["rewards"]), generator=self.generator)
         per_step = order.numel() // s.optimizer_steps
         train_metrics: dict[str, list[float]] = {}
+        skipped = 0
         for opt_step in range(s.optimizer_steps):
-            hooks.before_train_step(self.args, step, opt_step, [self.policy], self.optimizer, self.scheduler)
+            self.before_optimizer_step(step, opt_step)
             self.optimizer.zero_grad(set_to_none=True)
             chunk = order[opt_step * per_step:(opt_step + 1) * per_step]
             for micro in chunk.chunk(s.micro_batches):
                 for name, value in self._micro_batch(micro.tolist(), data, rollout).items():
                     train_metrics.setdefault(name, []).append(value)
-            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
             train_metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
+            if self._overflowed():
+                skipped += 1
+                continue
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
             self.optimizer.step()
             self.scheduler.step(s.global_batch_size)
         self.engine.sync(self.policy)
-        return {name: sum(values) / len(values) for name, values in train_metrics.items()}
+        out = {name: sum(values) / len(values) for name, values in train_metrics.items()}
+        if self.scaler is not None:
+            out.update(loss_scale=self.scaler.scale, skipped_steps=skipped)
+        return out
+
+    def _overflowed(self) -> bool:
+        """FP16 training: unscale the gradients and update the loss scale; True (gradients dropped) when they hold an
+        infinity or a NaN, a step Megatron skips (slime 624b824a ``model.py:660-686``: no optimizer or LR step).
+        Always False without loss scaling."""
+        if self.scaler is None:
+            return False
+        found = self.scaler.unscale(list(self.policy.parameters()))
+        self.scaler.update(found)
+        if found:
+            self.optimizer.zero_grad(set_to_none=True)
+        return found
+
+    def precision_metrics(self) -> dict[str, float]:
+        """Share of the values rounded to float16 that overflowed to infinity since the last call: in the engine
+        (sampling and evaluation) and in the trainer's forwards; empty for runs without float16."""
+        out = {}
+        for name, counter in (("engine_overflow_fraction", self.engine.overflow),
+                              ("train_overflow_fraction", getattr(self.train_model, "overflow", None))):
+            if counter is not None:
+                values, overflows = counter.take()
+                out[name] = overflows / values if values else 0.0
+        return out
 
     def _micro_batch(self, index: list[int], data: dict[str, Any], rollout: Any) -> dict[str, float]:
         s = self.settings
@@ -217,19 +275,19 @@ class Trainer:
         lengths = pick("response_lengths")
         segments = Segments(lengths, self.device)
         mask = rollout.response_mask[index]
-        new = self.policy.score(rollout.tokens[index], rollout.prompt_len, mask, s.temperature,
+        new = self.train_model.score(rollout.tokens[index], rollout.prompt_len, mask, s.temperature,
                                 self.replay(rollout, index)).log_probs[mask]
         old = torch.cat(pick("log_probs"))
         advantages = torch.cat(pick("advantages"))
         pg_loss = policy_loss(old - new, advantages, s.eps_clip, s.eps_clip_high)
         loss_masks = pick("loss_masks")
-        pg_loss, masks, metrics = hooks.rollout_correction(
-            self.args, pg_loss=pg_loss, train_log_probs=pick("log_probs"), rollout_log_probs=pick("rollout_log_probs"),
+        pg_loss, masks, metrics = self.correct(
+            pg_loss=pg_loss, train_log_probs=pick("log_probs"), rollout_log_probs=pick("rollout_log_probs"),
             loss_masks=loss_masks, total_lengths=pick("total_lengths"), response_lengths=lengths)
         kept = torch.cat(masks).float()
         denominators = segments.sum(torch.cat(loss_masks).float())[:, 0].clamp_min(1.0)
         loss = (segments.sum(pg_loss * kept)[:, 0] / denominators).sum() / s.global_batch_size
-        loss.backward()
+        (loss if self.scaler is None else loss * self.scaler.scale).backward()
         return token_mean_metrics(metrics, segments, torch.cat(loss_masks).float())
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -248,7 +306,7 @@ class Trainer:
                 if step % s.eval_every == 0:
                     record.update(self.evaluate())
                 data, rollout, raw, routed = self.rollout_data(step)
-                hooks.advantages(self.args, data)
+                self.advantages(step, data)
                 if s.dump_details:
                     write_train_dump(self.out_dir / "dump", step, *samples_from_rollout_data(data))
                 record.update(reward=float(raw.mean()), response_length=float(rollout.response_lengths.float().mean()),
@@ -258,6 +316,7 @@ class Trainer:
                 record.update({f"train/{k}": v for k, v in self.train_rollout(step, data, rollout).items()})
                 if step == s.steps - 1:
                     record.update({f"final_{k}": v for k, v in self.evaluate().items()})
+                record.update(self.precision_metrics())
                 record["seconds"] = time.perf_counter() - start
                 records.append(record)
                 log.write(json.dumps(record) + "\n")
