@@ -7,7 +7,10 @@ import os
 
 import pytest
 
-if importlib.util.find_spec("verl") is None:
+# pytest puts tests/ on sys.path (rootdir conftest), where this very directory is a namespace package named ``verl``:
+# only a spec with a file of its own (verl's __init__.py) is the real verl.
+_SPEC = importlib.util.find_spec("verl")
+if _SPEC is None or _SPEC.origin in (None, "namespace"):
     if os.environ.get("MISMATCH_CTRL_REQUIRE_VERL"):
         raise pytest.UsageError("tests/verl: verl is not importable in this Python; run them with `make test-verl` "
                                 "(which builds .venv-verl with verl 0.9.1)")
