@@ -21,7 +21,8 @@ from mismatch_ctrl.lab.model.engine import RolloutEngine
 from bench_options import PROMPTS, REPEATS, SAMPLES, THREADS  # benchmarks/ is this script's directory
 from mismatch_ctrl.lab.sweeps.options import quant_list
 from mismatch_ctrl.lab.model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.model.task import EOS, make_task
+from mismatch_ctrl.lab.model.task import EOS
+from mismatch_ctrl.lab.model.tasks import make_task
 
 
 def never_stopping_policy(task_name: str, kind: str, seed: int = 0) -> TinyPolicy:

@@ -21,7 +21,7 @@ from mismatch_ctrl.lab.model.precision import (
     round_half,
 )
 from mismatch_ctrl.lab.model.quant import QuantConfig, QuantExperts
-from mismatch_ctrl.lab.model.task import make_task
+from mismatch_ctrl.lab.model.tasks import make_task
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
 from mismatch_ctrl.lab.training.trainer import Trainer

@@ -411,7 +411,7 @@ def test_a_run_reports_start_steps_and_its_warnings_as_events_and_returns_its_fi
 
     from mismatch_ctrl.lab.sweeps.executors import train_task
     from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
-    from mismatch_ctrl.lab.model.task import make_task
+    from mismatch_ctrl.lab.model.tasks import make_task
 
     policy = TinyPolicy(PolicyConfig.for_task(make_task("add"), d_model=32, n_layers=1, n_heads=2, d_ff=16,
                                               n_experts=4, top_k=2), seed=1)

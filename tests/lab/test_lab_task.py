@@ -11,8 +11,8 @@ from mismatch_ctrl.lab.model.task import (
     ReverseTask,
     cut_after_eos,
     detokenize,
-    make_task,
 )
+from mismatch_ctrl.lab.model.tasks import make_task
 
 
 def tokens(text: str) -> list[int]:
@@ -145,7 +145,7 @@ def _digitsum_reward_by_loop(prompt: list[int], response: list[int]) -> float:
 
 
 def _digitsum_task():
-    from mismatch_ctrl.lab.model.task import DigitSumTask
+    from mismatch_ctrl.lab.model.digitsum import DigitSumTask
 
     return DigitSumTask(min_terms=3, max_terms=8, modulus=4)
 
@@ -237,7 +237,7 @@ def test_digitsum_demonstrations_mix_the_forms_and_weigh_the_opening():
 
 
 def test_digitsum_bad_options_name_the_field():
-    from mismatch_ctrl.lab.model.task import DigitSumTask
+    from mismatch_ctrl.lab.model.digitsum import DigitSumTask
 
     for options, field in (({"modulus": 1}, "modulus"), ({"scratch_share": 0.0}, "scratch_share"),
                            ({"opening_share": 1.0}, "opening_share"), ({"min_terms": 4, "max_terms": 3}, "min_terms")):

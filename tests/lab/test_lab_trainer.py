@@ -14,7 +14,7 @@ from mismatch_ctrl.lab.sweeps import run as lab_run
 from mismatch_ctrl.lab.training.methods import RunSpec, method_names, method_section
 from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
 from mismatch_ctrl.lab.sweeps.run import rewrite_report, run_lab
-from mismatch_ctrl.lab.model.task import make_task
+from mismatch_ctrl.lab.model.tasks import make_task
 from mismatch_ctrl.lab.training.settings import LabSettings
 from mismatch_ctrl.lab.training.summary import collapse_step
 from mismatch_ctrl.lab.training.trainer import Trainer, group_normalize, policy_loss

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mismatch_ctrl.lab.model.policy import PolicyConfig, TinyPolicy
-from mismatch_ctrl.lab.model.task import make_task
+from mismatch_ctrl.lab.model.tasks import make_task
 from mismatch_ctrl.lab.training import trainer as slime_lab
 from mismatch_ctrl.lab.training import verl_trainer
 from mismatch_ctrl.lab.training.methods import RunSpec, method_section

@@ -32,7 +32,8 @@ from torch import Tensor
 from ... import regular_files
 from .engine import RolloutEngine
 from .policy import POLICY_KINDS, PolicyConfig, TinyPolicy, load_balance_loss
-from .task import DIGIT0, EOS, PAD, Task, make_task
+from .task import DIGIT0, EOS, PAD, Task
+from .tasks import make_task
 
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "d_ff")
 CACHE_ENV = "MISMATCH_CTRL_CACHE"

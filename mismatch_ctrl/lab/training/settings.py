@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
-from ..model.task import TASKS, make_task
+from ..model.tasks import TASKS, make_task
 
 
 @dataclass(frozen=True)

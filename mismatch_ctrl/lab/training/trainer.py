@@ -45,7 +45,7 @@ from ..model.policy import POLICY_KINDS, PolicyConfig, TinyPolicy
 from ..model.precision import LAB_INITIAL_LOSS_SCALE, DynamicLossScaler, precision_model
 from ..model.quant import as_quant_config
 from ..model.routing import routing_metrics
-from ..model.task import make_task
+from ..model.tasks import make_task
 from .length_stats import length_buckets
 from .methods import RunSpec, method_section
 from .settings import LabSettings, check_device
