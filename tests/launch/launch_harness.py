@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from mismatch_ctrl.launch.known_flags import PASSED_FLAGS
+
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launch"
 REAL_PYTHON = sys.executable
@@ -84,36 +86,8 @@ HOOKS = {
     "--custom-megatron-init-path": "mismatch_ctrl.slime.hooks.on_megatron_init",
 }
 
-# Flags checked by hand against slime 624b824a (slime/utils/arguments.py, incl. reset_arg), Megatron-LM 1dcf0daf
-# (parser built from megatron/training/arguments.py; --fp8-format, --fp8-recipe and --transformer-impl are
-# TransformerConfig fields there, --fp16 a ModelParallelConfig field, megatron/core/model_parallel_config.py:109,
-# which Megatron's own parse_args reads as fp16 = True) and SGLang 0.5.15.post1 server args passed through as
-# --sglang-<arg>
-# (python/sglang/srt/server_args.py: ep_size -> --ep-size, cuda_graph_bs_decode -> --cuda-graph-bs-decode).
-KNOWN_TRAIN_FLAGS = frozenset("""
---actor-num-nodes --actor-num-gpus-per-node --num-gpus-per-node --colocate
---hf-checkpoint --ref-load --load --save --save-interval
---prompt-data --input-key --label-key --apply-chat-template --rollout-shuffle --custom-rm-path
---num-rollout --rollout-batch-size --n-samples-per-prompt --rollout-max-response-len --rollout-temperature
---global-batch-size --balance-data --eval-config --eval-interval --skip-eval-before-train
---tensor-model-parallel-size --sequence-parallel --pipeline-model-parallel-size --context-parallel-size
---expert-model-parallel-size --expert-tensor-parallel-size
---recompute-granularity --recompute-method --recompute-num-layers --use-dynamic-batch-size --max-tokens-per-gpu
---advantage-estimator --eps-clip --eps-clip-high
---custom-advantage-function-path --custom-tis-function-path --custom-megatron-before-train-step-hook-path
---custom-megatron-init-path --custom-config-path --get-mismatch-metrics --use-rollout-routing-replay
---optimizer --lr --lr-decay-style --weight-decay --adam-beta1 --adam-beta2
---optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer
---rollout-num-gpus-per-engine --sglang-ep-size --sglang-mem-fraction-static --sglang-cuda-graph-bs-decode
---attention-dropout --hidden-dropout --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
---attention-backend --use-wandb --wandb-project --wandb-group --wandb-team --use-tensorboard
---disable-bias-linear --qk-layernorm --group-query-attention --num-attention-heads --num-query-groups --kv-channels
---num-layers --hidden-size --ffn-hidden-size --normalization --position-embedding-type --norm-epsilon
---rotary-percent --swiglu --untie-embeddings-and-output-weights --vocab-size --rotary-base --moe-ffn-hidden-size
---moe-router-score-function --moe-token-dispatcher-type --moe-router-topk --moe-layer-freq --num-experts
---moe-grouped-gemm --moe-token-drop-policy --moe-router-dtype --moe-permute-fusion --moe-aux-loss-coeff
---transformer-impl --fp8-format --fp8-recipe --fp16
-""".split())
+# The flags the launchers may pass, checked by hand against slime, Megatron-LM and SGLang: the launcher's own list.
+KNOWN_TRAIN_FLAGS = PASSED_FLAGS
 
 # What the launchers need besides python: bash (also reads model.sh), dirname (lib.sh), env, rm, mv, touch (--prepare).
 SYSTEM_TOOLS = ("bash", "env", "dirname", "rm", "mv", "touch")
