@@ -55,6 +55,7 @@ LAUNCHERS = {
     "qwen3_30b_fp8_aligned.sh": ("token_tis", "qwen3_30b_a3b", "qwen3_30b_a3b_token_tis_fp8train"),
     "qwen3_30b_fp16_aligned.sh": ("grpo", "qwen3_30b_a3b", "qwen3_30b_a3b_grpo_fp16"),
     "qwen3_8b_dcgrpo.sh": ("dcgrpo", "qwen3_8b", "qwen3_8b_dcgrpo"),
+    "qwen3_5_35b_dcgrpo.sh": ("dcgrpo", "qwen3_5_35b_a3b", "qwen3_5_35b_a3b_dcgrpo"),
 }
 
 # The Hugging Face checkpoints' config.json (Qwen/Qwen3-30B-A3B and Qwen/Qwen3-8B), independent of the launcher.
@@ -71,10 +72,27 @@ HF_CONFIGS = {
         "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960, "rope_scaling": None,
     },
+    # Qwen/Qwen3.5-35B-A3B, a multimodal checkpoint: the language model's numbers sit in text_config (the model card:
+    # 40 layers in 10 x (3 Gated DeltaNet + 1 gated attention), 16 Q / 2 KV heads of 256, 256 experts of 512, top-8,
+    # one shared expert of 512, vocabulary 248320, 262,144 tokens of context).
+    "qwen3_5_35b_a3b": {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": False, "vision_config": {"depth": 27, "hidden_size": 1152},
+        "text_config": {
+            "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512, "vocab_size": 248320, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_theta": 10000000, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]},
+        },
+    },
 }
 MODELS = {
     "qwen3_30b_a3b": {"hf_name": "Qwen3-30B-A3B", "num_hidden_layers": 48, "num_experts": 128},
     "qwen3_8b": {"hf_name": "Qwen3-8B", "num_hidden_layers": 36, "num_experts": 0},
+    "qwen3_5_35b_a3b": {"hf_name": "Qwen3.5-35B-A3B", "num_hidden_layers": 40, "num_experts": 256},
 }
 FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                     "weight_block_size": [128, 128]}
