@@ -1,7 +1,7 @@
 """The ``ray job submit ... -- python3 <slime>/train.py ...`` command.
 
 Flags are spelled as slime 624b824a, Megatron-LM 1dcf0daf and SGLang 0.5.15.post1 define them (the list checked
-against their parsers is ``KNOWN_TRAIN_FLAGS`` in ``tests/launch/launch_harness.py``). SGLang server arguments pass
+against their parsers is :data:`.known_flags.PASSED_FLAGS`). SGLang server arguments pass
 through slime as ``--sglang-<flag>`` (``slime/backends/sglang_utils/arguments.py::add_sglang_arguments``); the
 spellings used here are the primary, non-deprecated ones of SGLang 0.5.15.post1
 (``python/sglang/srt/server_args.py``): ``--sglang-ep-size`` (field ``ep_size``; ``--expert-parallel-size`` and

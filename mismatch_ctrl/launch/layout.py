@@ -28,7 +28,9 @@ Rollout engines (SGLang, engine TP = ROLLOUT_GPUS_PER_ENGINE, EP = ROLLOUT_EP:
   ``nnodes = max(1, gpus_per_engine // num_gpus_per_node)``);
 - attention heads divisible by TP, KV heads a multiple or a divisor of TP
   (``python/sglang/srt/models/qwen3_moe.py::Qwen3MoeAttention``, ``qwen3.py::Qwen3Attention``);
-- dense MLP: intermediate_size divisible by TP (``MergedColumnParallelLinear`` shards gate and up evenly);
+- dense MLP: intermediate_size divisible by TP (``MergedColumnParallelLinear`` shards gate and up evenly); the same
+  for a MoE layer's shared expert (``shared_expert_intermediate_size``, Qwen3.5-MoE: SGLang builds it as a plain MLP
+  over the engine TP, ``models/qwen2_moe.py::Qwen2MoeSparseMoeBlock``, which ``qwen3_next.py`` reuses);
 - FP8 block-quantised linear layers: every merged output shard (q, k, v; gate, up) a multiple of ``block_n`` and,
   with TP > 1, every row-parallel input shard (o_proj, down_proj) a multiple of ``block_k``
   (``python/sglang/srt/layers/quantization/fp8.py::Fp8LinearMethod.validate_block_quant_shapes``);
@@ -179,6 +181,22 @@ def _misfit_block(shard: int, tp: int, shape: ModelShape) -> int | None:
     return block_k if tp > 1 and shard % block_k else None
 
 
+def _mlp_problems(what: str, width: int, tp: int, lo: Layout, shape: ModelShape) -> list[str]:
+    """An MLP of ``width`` columns sharded over the whole engine TP (a dense layer's, or a MoE layer's shared
+    expert): gate/up split evenly (``MergedColumnParallelLinear``), each shard a fit for the FP8 blocks."""
+    if width % tp:
+        return [f"{what} {width} is not divisible by the engine TP = {tp} (SGLang MergedColumnParallelLinear); "
+                "choose an engine size that divides it"]
+    block = _misfit_block(width // tp, tp, shape)
+    if block is None:
+        return []
+    fits = [t for t in range(1, lo.gpus_per_node + 1) if width % t == 0 and _misfit_block(width // t, t, shape) is None]
+    fix = (f"set ROLLOUT_GPUS_PER_ENGINE to one of {', '.join(map(str, fits))}" if fits else
+           "no engine size within a node fits: serve a BF16 checkpoint or another block size")
+    return [f"{what} {width} over the engine TP = {tp} gives shards of {width // tp}, not a multiple of the FP8 weight "
+            f"block {block} (Fp8LinearMethod.validate_block_quant_shapes, {SGLANG_FP8}); {fix}"]
+
+
 def engine_problems(layout: Layout, shape: ModelShape, source: str) -> list[str]:
     """SGLang's rules (see the module docstring) for the rollout engines on ``shape``; ``source`` says where the
     shape comes from and ends every shape-dependent message."""
@@ -210,18 +228,10 @@ def engine_problems(layout: Layout, shape: ModelShape, source: str) -> list[str]
                               f"weight block {block} (Fp8LinearMethod.validate_block_quant_shapes, {SGLANG_FP8}); "
                               "choose another ROLLOUT_GPUS_PER_ENGINE")
     if shape.dense_layers:
-        width = shape.intermediate_size
-        if width % tp:
-            shaped.append(f"intermediate_size {width} is not divisible by the engine TP = {tp} (SGLang "
-                          "MergedColumnParallelLinear); choose an engine size that divides it")
-        elif (block := _misfit_block(width // tp, tp, shape)) is not None:
-            fits = [t for t in range(1, lo.gpus_per_node + 1)
-                    if width % t == 0 and _misfit_block(width // t, t, shape) is None]
-            fix = (f"set ROLLOUT_GPUS_PER_ENGINE to one of {', '.join(map(str, fits))}" if fits else
-                   "no engine size within a node fits: serve a BF16 checkpoint or another block size")
-            shaped.append(f"the dense MLP's intermediate_size {width} over the engine TP = {tp} gives shards of "
-                          f"{width // tp}, not a multiple of the FP8 weight block {block}"
-                          f" (Fp8LinearMethod.validate_block_quant_shapes, {SGLANG_FP8}); {fix}")
+        shaped += _mlp_problems("the dense MLP's intermediate_size", shape.intermediate_size, tp, lo, shape)
+    if shape.is_moe and shape.shared_expert_intermediate_size:
+        shaped += _mlp_problems("the shared expert's shared_expert_intermediate_size",
+                                shape.shared_expert_intermediate_size, tp, lo, shape)
     if shape.is_moe:
         if tp % ep:
             shaped.append(f"ROLLOUT_EP = {ep} must divide the engine TP = ROLLOUT_GPUS_PER_ENGINE = {tp} (SGLang: "

@@ -31,9 +31,9 @@ from .precision import precision_problems
 from .prepare import Preparation, PrepareFailed
 from .profiles import checkpoint_kind_problems
 from .quoting import entrypoint_problems, ray_version, runtime_env_problems, unknown_ray_problems
-from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, eval_sets, file_problem, flag_problems,
-                        host_memory_bytes, import_problems, local_gpu_problems, path_problems, ray_problems,
-                        resume_point, user_flags)
+from .preflight import (EVAL_CONFIG_ERRORS, IMPORT_TARGETS, dry_run_flag_problems, eval_sets, file_problem,
+                        flag_problems, host_memory_bytes, import_problems, local_gpu_problems, path_problems,
+                        ray_problems, resume_point, user_flags)
 from .settings import Settings, setting_of_flag, usage
 from .values import absolute_path_notes, group_size_problems, option_like_problems, samples_problems
 
@@ -279,6 +279,10 @@ def run(argv: Sequence[str], report: Report, given: dict[str, str]) -> int:
             errors += length_errors
     method_summary, method_errors, deferred = method_check(s, model, user.dry_run)
     errors += method_errors + (duplicate_flag_problems(s, model, user.extra) if settings_valid else [])
+    if user.dry_run and not user.prepare and settings_valid:  # a launch checks them after its import checks
+        flag_errors, flag_warnings = dry_run_flag_problems(s, user.extra, train_args(s, model, user.extra))
+        errors += flag_errors
+        report.lines("warning", flag_warnings)
     ray = ray_version() if not errors and not user.prepare else None
     if not errors and not user.prepare:
         words = entrypoint(s, model, user.extra)

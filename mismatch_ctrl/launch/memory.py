@@ -7,7 +7,7 @@ host RAM count the dense / MoE layers Megatron builds from ``MODEL_ARGS_FILE``, 
 ``config.json``)::
 
     attention/layer = h*a*d + 2*h*g*d + a*d*h + 2*d + 2*h      (q, k, v, o, q/k norms, two RMSNorms)
-    N_dense  = V*h*(1 or 2) + L*attention + L_dense*3*h*I + L_moe*h*E + h
+    N_dense  = V*h*(1 or 2) + L*attention + L_dense*3*h*I + L_moe*(h*E + 3*h*I_s) + h   (I_s: shared expert, or 0)
     N_expert = L_moe * E * 3*h*I_e
 
 Per training GPU (slime forces Megatron's distributed optimizer; ``--accumulate-allreduce-grads-in-fp32``)::
@@ -71,7 +71,7 @@ def parameter_counts(shape: ModelShape) -> ParameterCounts:
     attention = h * a * d + 2 * h * g * d + a * d * h + 2 * d + 2 * h
     embedding = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
     dense = (embedding + shape.num_hidden_layers * attention + shape.dense_layers * 3 * h * shape.intermediate_size
-             + shape.moe_layers * h * shape.num_experts + h)
+             + shape.moe_layers * (h * shape.num_experts + 3 * h * shape.shared_expert_intermediate_size) + h)
     expert = shape.moe_layers * shape.num_experts * 3 * h * shape.moe_intermediate_size
     return ParameterCounts(dense=dense, expert=expert, embedding=embedding)
 

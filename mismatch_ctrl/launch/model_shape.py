@@ -27,7 +27,9 @@ class ModelShape:
     """The numbers the layout rules and the memory estimate need, named as in a Qwen3 ``config.json``.
 
     ``dense_layers`` counts the layers with a dense MLP (all of them for a dense model; for Qwen3-MoE the layers in
-    ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid). ``weight_block_size`` is
+    ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid). ``shared_expert_intermediate_size`` is the width of
+    the shared expert every MoE layer adds (Qwen3.5-MoE; 0 without). A multimodal checkpoint's numbers are those of
+    its ``text_config`` (as slime's ``_hf_validate_args`` and SGLang read them). ``weight_block_size`` is
     ``quantization_config.weight_block_size`` (``None`` for an unquantised checkpoint). ``context_length`` is the one
     SGLang derives from the file (:func:`~.context_length.sglang_context_length`).
     """
@@ -43,6 +45,7 @@ class ModelShape:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     num_experts_per_tok: int = 0
+    shared_expert_intermediate_size: int = 0
     tie_word_embeddings: bool = False
     weight_block_size: tuple[int, int] | None = None
     context_length: int = DEFAULT_CONTEXT_LENGTH
@@ -58,6 +61,10 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], source: str) -> ModelShape:
         """Read a parsed ``config.json``; :class:`ConfigError` naming ``source`` and the key if one is missing."""
+        text = config.get("text_config")
+        quant = config.get("quantization_config")
+        if isinstance(text, Mapping) and "num_hidden_layers" not in config:
+            config = text  # a multimodal checkpoint: the language model's numbers (its quantization stays outside)
 
         def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
             value = config.get(key, default)
@@ -77,7 +84,6 @@ class ModelShape:
             if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
                 raise ConfigError(f"{source} has mlp_only_layers = {brief(only)}; expected a list of layer indices")
             dense = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
-        quant = config.get("quantization_config")
         block = quant.get("weight_block_size") if isinstance(quant, dict) else None
         if block is not None and not (isinstance(block, list) and len(block) == 2 and
                                       all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
@@ -86,10 +92,11 @@ class ModelShape:
             hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
             num_key_value_heads=integer("num_key_value_heads", heads),
             head_dim=integer("head_dim", hidden // heads),
-            intermediate_size=integer("intermediate_size"), vocab_size=integer("vocab_size"), dense_layers=dense,
-            num_experts=experts,
+            intermediate_size=integer("intermediate_size", None if dense else 0, 0 if not dense else 1),
+            vocab_size=integer("vocab_size"), dense_layers=dense, num_experts=experts,
             moe_intermediate_size=integer("moe_intermediate_size") if experts else 0,
             num_experts_per_tok=integer("num_experts_per_tok") if experts else 0,
+            shared_expert_intermediate_size=integer("shared_expert_intermediate_size", 0, 0) if experts else 0,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             weight_block_size=tuple(block) if block else None,
             context_length=sglang_context_length(config),
@@ -164,7 +171,8 @@ class MegatronModel:
         """Every number the checks read is an integer, the MoE layer pattern readable: :class:`ConfigError`
         otherwise."""
         for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
-                     "--num-query-groups", "--num-experts", "--moe-ffn-hidden-size", "--vocab-size"):
+                     "--num-query-groups", "--num-experts", "--moe-ffn-hidden-size", "--vocab-size",
+                     "--moe-shared-expert-intermediate-size"):
             self.integer(flag)
         self.moe_layers  # raises ConfigError for an unreadable --moe-layer-freq
 
@@ -227,7 +235,8 @@ def read_model_args(path: str | Path) -> MegatronModel:
 _COMPARED = (("num_hidden_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
              ("num_attention_heads", "--num-attention-heads"), ("num_key_value_heads", "--num-query-groups"),
              ("num_experts", "--num-experts"), ("moe_intermediate_size", "--moe-ffn-hidden-size"),
-             ("intermediate_size", "--ffn-hidden-size"), ("vocab_size", "--vocab-size"))
+             ("intermediate_size", "--ffn-hidden-size"), ("vocab_size", "--vocab-size"),
+             ("shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size"))
 
 
 def shape_mismatches(shape: ModelShape, megatron: MegatronModel) -> list[str]:
@@ -237,12 +246,14 @@ def shape_mismatches(shape: ModelShape, megatron: MegatronModel) -> list[str]:
         "--num-attention-heads": megatron.num_attention_heads, "--num-query-groups": megatron.num_query_groups,
         "--num-experts": megatron.num_experts, "--moe-ffn-hidden-size": megatron.integer("--moe-ffn-hidden-size"),
         "--ffn-hidden-size": megatron.integer("--ffn-hidden-size"), "--vocab-size": megatron.integer("--vocab-size"),
+        "--moe-shared-expert-intermediate-size": megatron.integer("--moe-shared-expert-intermediate-size"),
     }
     out = []
     for key, flag in _COMPARED:
         if key == "intermediate_size" and shape.dense_layers == 0:
             continue
-        if megatron.value(flag) is None and flag not in ("--num-experts", "--num-query-groups"):
+        if megatron.value(flag) is None and flag not in ("--num-experts", "--num-query-groups",
+                                                         "--moe-shared-expert-intermediate-size"):
             continue
         if getattr(shape, key) != megatron_values[flag]:
             out.append(f"{key} {getattr(shape, key)}, MODEL_ARGS_FILE says {megatron_values[flag]} ({flag})")

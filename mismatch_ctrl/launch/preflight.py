@@ -16,6 +16,7 @@ import yaml
 from .. import regular_files
 from ..formatting import clip
 from ..errors import StateError
+from .known_flags import KNOWN_FLAGS, offline_findings
 from ..slime.names import HOOK_FLAGS, TRACKER, is_megatron_checkpoint, read_tracker, tracker_in
 from .command import REWARD_FUNCTION, job_env, job_pythonpath
 from .context_length import flag_value_in
@@ -250,18 +251,57 @@ FLAG_CHECK_SECONDS = 300
 def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[str]) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the user's flags after ``--``, as slime's own parsers read ``train_arguments`` with the
     job's PYTHONPATH (:mod:`.flags`): a flag none of them knows (slime would drop it silently), an abbreviation one
-    of them completes (the launcher's checks read full names), arguments slime's parsing rejects. Nothing to check,
-    and no process started, without flags after ``--``."""
+    of them completes (the launcher's checks read full names), arguments slime's parsing rejects. When the parsers
+    cannot be run, a warning saying why. Nothing to check, and no process started, without flags after ``--``."""
+    errors, not_checked = slime_flag_check(s, extra, train_arguments)
+    return errors, [not_checked] if not_checked else []
+
+
+def dry_run_flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[str]
+                          ) -> tuple[list[str], list[str]]:
+    """``--dry-run``'s (errors, warnings) for the flags after ``--``: slime's parsers' verdict where they can be
+    imported (:func:`flag_problems`); else a warning that says so, and argparse's abbreviation rule on the flags the
+    launcher knows (:func:`.known_flags.offline_findings`): an abbreviation is an error naming the full flag, a flag
+    the launcher does not know is named in a warning (with the closest known spelling)."""
+    errors, not_checked = slime_flag_check(s, extra, train_arguments)
+    if not not_checked:
+        return errors, []
+    warnings = [f"{not_checked}; checked here only by argparse's abbreviation rule against the {len(KNOWN_FLAGS)} "
+                "flags the launcher knows (a launch runs slime's parsers on them)"]
+    unknown = []
+    for item in offline_findings(user_flags(extra)):
+        if item["kind"] == "abbreviation":
+            errors.append(f"{item['flag']} after -- is not a full flag name: it begins {' and '.join(item['full'])}; "
+                          f"write the flag in full ({ABBREVIATION_RULE})")
+        elif item["like"]:
+            warnings.append(f"{item['flag']} after -- is not a flag the launcher knows: did you mean "
+                            f"{item['like'][0]}? (slime drops a misspelt flag without a word; a launch refuses it)")
+        else:
+            unknown.append(item["flag"])
+    if unknown:
+        warnings.append(f"not judged without slime's parsers (not among the flags the launcher knows): "
+                        f"{', '.join(unknown)}")
+    return errors, warnings
+
+
+ABBREVIATION_RULE = ("slime's SGLang parser, built with argparse's default allow_abbrev=True, would complete it past "
+                     "the launcher's checks, its other parsers, built with allow_abbrev=False, would drop it; a launch "
+                     "refuses it")
+
+
+def slime_flag_check(s: Settings, extra: Sequence[str], train_arguments: Sequence[str]) -> tuple[list[str], str]:
+    """(errors, why not checked) of slime's parsers on ``train_arguments`` (:func:`flag_problems`); the second is
+    empty when they ran, or when there are no flags after ``--`` to check (then no process is started)."""
     flags = user_flags(extra)
     if not flags:
-        return [], []
+        return [], ""
     where = f"slime at SLIME_DIR={s['SLIME_DIR']}"
     not_checked = f"the flags after -- were not checked against the parsers of {where}"
     try:
         done = subprocess.run([s["PYTHON"], "-m", "mismatch_ctrl.launch.flags", json.dumps(flags), *train_arguments],
                               capture_output=True, text=True, env=job_env(s), timeout=FLAG_CHECK_SECONDS)
     except subprocess.TimeoutExpired:
-        return [], [f"{not_checked}: the check took over {FLAG_CHECK_SECONDS} s"]
+        return [], f"{not_checked}: the check took over {FLAG_CHECK_SECONDS} s"
     try:
         found = [json.loads(line.removeprefix("flag-check: ")) for line in done.stdout.splitlines()
                  if line.startswith("flag-check: ")]
@@ -270,8 +310,8 @@ def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[s
         found, readable = [], False
     if done.returncode != 0 or not readable:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-        return [], [f"{not_checked}: PYTHON={s['PYTHON']} failed: {clip(tail, 300)}"]
-    errors, warnings = [], []
+        return [], f"{not_checked}: PYTHON={s['PYTHON']} failed: {clip(tail, 300)}"
+    errors, why = [], []
     for item in found:
         kind = item.get("kind")
         if kind == "unknown":
@@ -286,8 +326,8 @@ def flag_problems(s: Settings, extra: Sequence[str], train_arguments: Sequence[s
             errors.append(f"{where} rejects train.py's arguments (the launcher's and yours), as it would when the job "
                           f"starts: {item['message']}")
         else:
-            warnings.append(f"{not_checked}: {item.get('error')}")
-    return errors, warnings
+            why.append(f"{not_checked}: {item.get('error')}")
+    return errors, "; ".join(why)
 
 
 def host_memory_bytes() -> float | None:

@@ -8,6 +8,14 @@ The layouts satisfy the rules in :mod:`.layout` on one node of 8 GPUs (``tests/l
   768 intermediate columns per expert shard, six FP8 blocks of 128). Without EP the shard would be 768 / 4 = 192
   and SGLang's ``Fp8MoEMethod.create_weights`` refuses to load. slime's own FP8 recipes use EP = engine GPUs too.
 - ``qwen3_8b``: dense; trainer TP2, rollout engines of 2 GPUs (TP2, 12288 / 2 = 6144 = 48 blocks).
+- ``qwen3_5_35b_a3b``: MoE, 256 experts of 512 columns plus a shared expert of 512; trainer TP2 + sequence parallel,
+  EP8, ETP1, Adam on the CPU (the parallel sizes of slime's ``scripts/run-qwen3.5-35B-A3B-sft.sh``); engines of 4
+  GPUs with EP4 (``moe_tp`` 1: whole experts, four blocks each; EP 1 or 2 would fit too, 512 / 4 = 128 and 512 / 2 =
+  256, but not an engine of 8 GPUs without EP, 64). The shared expert is split over the whole engine TP: 512 / 4 =
+  128, one block; 8-GPU engines give 64 and are refused. 16 heads and 2 KV heads of 256: TP 1, 2, 4, 8 (KV heads
+  replicated past 2). Not modelled by the rules or the memory estimate: the 30 Gated DeltaNet layers (counted as
+  full-attention layers, and the gated query without its gate: ~0.5B parameters short of ~35B; their fixed
+  recurrent state is counted as KV cache, so the KV-cache figure is pessimistic) and the checkpoint's vision tower.
 """
 
 from __future__ import annotations
@@ -53,6 +61,19 @@ PROFILES: dict[str, ModelProfile] = {
                          head_dim=128, intermediate_size=12288, vocab_size=151936, dense_layers=36,
                          weight_block_size=(128, 128), context_length=40960),
         tp=2, ep=1, rollout_gpus_per_engine=2, rollout_ep=1, optimizer_cpu_offload=False, max_tokens_per_gpu=16384),
+    # Qwen/Qwen3.5-35B-A3B(-FP8): text_config numbers as transformers' Qwen3_5MoeTextConfig defaults (its docstring:
+    # "the Qwen3.5-35B-A3B style configuration"): hidden 2048, 40 layers, 16 heads, 2 KV heads, head_dim 256, 256
+    # experts, top-8, moe and shared expert 512, vocab 248320; the model card: context 262,144 tokens natively
+    # (max_position_embeddings; transformers' class default is 32768). They agree with slime's
+    # scripts/models/qwen3.5-35B-A3B.sh (recipes/qwen3_5_35b_a3b/model.sh). Block [128, 128] as the Qwen -FP8
+    # releases and slime's converter write it.
+    "qwen3_5_35b_a3b": ModelProfile(
+        hf_name="Qwen3.5-35B-A3B", launcher="launch/qwen3_5_35b_dcgrpo.sh",
+        shape=ModelShape(hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+                         head_dim=256, intermediate_size=0, vocab_size=248320, dense_layers=0, num_experts=256,
+                         moe_intermediate_size=512, num_experts_per_tok=8, shared_expert_intermediate_size=512,
+                         weight_block_size=(128, 128), context_length=262144),
+        tp=2, ep=8, rollout_gpus_per_engine=4, rollout_ep=4, optimizer_cpu_offload=True, max_tokens_per_gpu=16384),
 }
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from mismatch_ctrl.launch.known_flags import PASSED_FLAGS
+
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launch"
 REAL_PYTHON = sys.executable
@@ -53,6 +55,7 @@ LAUNCHERS = {
     "qwen3_30b_fp8_aligned.sh": ("token_tis", "qwen3_30b_a3b", "qwen3_30b_a3b_token_tis_fp8train"),
     "qwen3_30b_fp16_aligned.sh": ("grpo", "qwen3_30b_a3b", "qwen3_30b_a3b_grpo_fp16"),
     "qwen3_8b_dcgrpo.sh": ("dcgrpo", "qwen3_8b", "qwen3_8b_dcgrpo"),
+    "qwen3_5_35b_dcgrpo.sh": ("dcgrpo", "qwen3_5_35b_a3b", "qwen3_5_35b_a3b_dcgrpo"),
 }
 
 # The Hugging Face checkpoints' config.json (Qwen/Qwen3-30B-A3B and Qwen/Qwen3-8B), independent of the launcher.
@@ -69,10 +72,27 @@ HF_CONFIGS = {
         "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960, "rope_scaling": None,
     },
+    # Qwen/Qwen3.5-35B-A3B, a multimodal checkpoint: the language model's numbers sit in text_config (the model card:
+    # 40 layers in 10 x (3 Gated DeltaNet + 1 gated attention), 16 Q / 2 KV heads of 256, 256 experts of 512, top-8,
+    # one shared expert of 512, vocabulary 248320, 262,144 tokens of context).
+    "qwen3_5_35b_a3b": {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": False, "vision_config": {"depth": 27, "hidden_size": 1152},
+        "text_config": {
+            "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512, "vocab_size": 248320, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_theta": 10000000, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]},
+        },
+    },
 }
 MODELS = {
     "qwen3_30b_a3b": {"hf_name": "Qwen3-30B-A3B", "num_hidden_layers": 48, "num_experts": 128},
     "qwen3_8b": {"hf_name": "Qwen3-8B", "num_hidden_layers": 36, "num_experts": 0},
+    "qwen3_5_35b_a3b": {"hf_name": "Qwen3.5-35B-A3B", "num_hidden_layers": 40, "num_experts": 256},
 }
 FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                     "weight_block_size": [128, 128]}
@@ -84,36 +104,8 @@ HOOKS = {
     "--custom-megatron-init-path": "mismatch_ctrl.slime.hooks.on_megatron_init",
 }
 
-# Flags checked by hand against slime 624b824a (slime/utils/arguments.py, incl. reset_arg), Megatron-LM 1dcf0daf
-# (parser built from megatron/training/arguments.py; --fp8-format, --fp8-recipe and --transformer-impl are
-# TransformerConfig fields there, --fp16 a ModelParallelConfig field, megatron/core/model_parallel_config.py:109,
-# which Megatron's own parse_args reads as fp16 = True) and SGLang 0.5.15.post1 server args passed through as
-# --sglang-<arg>
-# (python/sglang/srt/server_args.py: ep_size -> --ep-size, cuda_graph_bs_decode -> --cuda-graph-bs-decode).
-KNOWN_TRAIN_FLAGS = frozenset("""
---actor-num-nodes --actor-num-gpus-per-node --num-gpus-per-node --colocate
---hf-checkpoint --ref-load --load --save --save-interval
---prompt-data --input-key --label-key --apply-chat-template --rollout-shuffle --custom-rm-path
---num-rollout --rollout-batch-size --n-samples-per-prompt --rollout-max-response-len --rollout-temperature
---global-batch-size --balance-data --eval-config --eval-interval --skip-eval-before-train
---tensor-model-parallel-size --sequence-parallel --pipeline-model-parallel-size --context-parallel-size
---expert-model-parallel-size --expert-tensor-parallel-size
---recompute-granularity --recompute-method --recompute-num-layers --use-dynamic-batch-size --max-tokens-per-gpu
---advantage-estimator --eps-clip --eps-clip-high
---custom-advantage-function-path --custom-tis-function-path --custom-megatron-before-train-step-hook-path
---custom-megatron-init-path --custom-config-path --get-mismatch-metrics --use-rollout-routing-replay
---optimizer --lr --lr-decay-style --weight-decay --adam-beta1 --adam-beta2
---optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer
---rollout-num-gpus-per-engine --sglang-ep-size --sglang-mem-fraction-static --sglang-cuda-graph-bs-decode
---attention-dropout --hidden-dropout --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
---attention-backend --use-wandb --wandb-project --wandb-group --wandb-team --use-tensorboard
---disable-bias-linear --qk-layernorm --group-query-attention --num-attention-heads --num-query-groups --kv-channels
---num-layers --hidden-size --ffn-hidden-size --normalization --position-embedding-type --norm-epsilon
---rotary-percent --swiglu --untie-embeddings-and-output-weights --vocab-size --rotary-base --moe-ffn-hidden-size
---moe-router-score-function --moe-token-dispatcher-type --moe-router-topk --moe-layer-freq --num-experts
---moe-grouped-gemm --moe-token-drop-policy --moe-router-dtype --moe-permute-fusion --moe-aux-loss-coeff
---transformer-impl --fp8-format --fp8-recipe --fp16
-""".split())
+# The flags the launchers may pass, checked by hand against slime, Megatron-LM and SGLang: the launcher's own list.
+KNOWN_TRAIN_FLAGS = PASSED_FLAGS
 
 # What the launchers need besides python: bash (also reads model.sh), dirname (lib.sh), env, rm, mv, touch (--prepare).
 SYSTEM_TOOLS = ("bash", "env", "dirname", "rm", "mv", "touch")
