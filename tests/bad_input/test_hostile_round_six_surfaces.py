@@ -33,7 +33,7 @@ def no_plots(monkeypatch):
     monkeypatch.setattr("mismatch_ctrl.analyze.report.write_plots", lambda result, out_dir: [])
 
 
-# --- analyze: one rollout's train dump edited after slime wrote it -------------------------------------------------------
+# --- analyze: one rollout's train dump edited after slime wrote it ----------------------------------------------------
 
 def dumps(change: Callable[[dict[str, Any]], Any] | None = None, raw: Callable[[Path], Any] | None = None
           ) -> Callable[[Path], dict[str, Any]]:
@@ -95,7 +95,8 @@ ANALYZE = {
     "loss masks of 2": kept(dumps(column("loss_masks", lambda v: v * 2)), skipped("loss_masks=2")),
     "truncated 2": kept(dumps(column("truncated", lambda v: 2)), skipped("truncated must be true/false or 0/1")),
     "samples a dict": kept(dumps(lambda p: p.update(samples={"a": 1})), skipped("not a slime debug dump")),
-    "samples of integers": kept(dumps(lambda p: p.update(samples=[1, 2])), skipped("'samples' must be a list of dicts")),
+    "samples of integers": kept(dumps(lambda p: p.update(samples=[1, 2])),
+                                skipped("'samples' must be a list of dicts")),
     "another rollout_id inside": kept(dumps(lambda p: p.update(rollout_id=7)), skipped("stores rollout_id 7")),
     "the dump a FIFO": kept(dumps(raw=lambda p: (p.unlink(), os.mkfifo(p))), skipped("not a regular file")),
     "the dump empty": kept(dumps(raw=lambda p: p.write_bytes(b"")), skipped("empty or truncated")),
@@ -109,7 +110,7 @@ def test_analyze(case, tmp_path):
     judge(ANALYZE[case], tmp_path)
 
 
-# --- command lines: exit 2 and a message naming the option, never a traceback --------------------------------------------
+# --- command lines: exit 2 and a message naming the option, never a traceback -----------------------------------------
 
 def cli(argv: Callable[[Path], list[str]] | list[str], *needles: str) -> tuple[Any, tuple[str, ...]]:
     return argv, needles
@@ -156,14 +157,14 @@ def test_cli(case, tmp_path, capsys):
         assert needle in err, err
 
 
-# --- the launchers' settings -------------------------------------------------------------------------------------------
+# --- the launchers' settings ------------------------------------------------------------------------------------------
 
 LAUNCH = {  # setting -> (value, substring of the configuration error)
     "GPU_MEMORY_GB=80000 (MB given as GB)": ({"GPU_MEMORY_GB": "80000"}, "GPU_MEMORY_GB=80000"),
     "GPU_MEMORY_GB=1e308": ({"GPU_MEMORY_GB": "1e308"}, "GPU_MEMORY_GB=1e308"),
-    "RUN_NAME=../../etc": ({"RUN_NAME": "../../etc"}, "RUN_NAME=../../etc"),
-    "RUN_NAME with a newline": ({"RUN_NAME": "a\nb"}, "RUN_NAME="),
-    "RUN_NAME with a slash": ({"RUN_NAME": "team/run"}, "RUN_NAME=team/run"),
+    "RUN_NAME=../../etc": ({"RUN_NAME": "../../etc"}, "RUN_NAME='../../etc' must be a plain name"),
+    "RUN_NAME with a newline": ({"RUN_NAME": "a\nb"}, "RUN_NAME='a\\nb' must be a plain name"),
+    "RUN_NAME with a slash": ({"RUN_NAME": "team/run"}, "RUN_NAME='team/run'"),
     "NUM_ROLLOUT in Arabic-Indic digits": ({"NUM_ROLLOUT": "\u0665"}, "NUM_ROLLOUT=\u0665 must be a positive integer"),
     "NUM_ROLLOUT=+5": ({"NUM_ROLLOUT": "+5"}, "NUM_ROLLOUT=+5 must be a positive integer"),
     "NUM_ROLLOUT=010": ({"NUM_ROLLOUT": "010"}, "NUM_ROLLOUT=010 must be a positive integer"),
@@ -193,7 +194,7 @@ def test_launcher(case, sandbox):
     assert any(needle in line for line in result.stderr.splitlines() if "error" in line), result.stderr
 
 
-# --- the benchmarks' options -------------------------------------------------------------------------------------------
+# --- the benchmarks' options ------------------------------------------------------------------------------------------
 
 def _json_of(tmp: Path, content: Any) -> str:
     (tmp / "a.json").write_text(content if isinstance(content, str) else json.dumps(content))
@@ -231,7 +232,7 @@ def test_benchmark_options(case, tmp_path, monkeypatch, capsys):
         assert needle in captured.err, captured.err
 
 
-# --- the verl adapter's checks (no verl import) --------------------------------------------------------------------------
+# --- the verl adapter's checks (no verl import) -----------------------------------------------------------------------
 
 DCGRPO = build_config({"name": "dcgrpo", "dcgrpo": {"enabled": True}}, architecture="moe")
 OURS = {"trainer": {"v1": {"trainer_mode": "mismatch_ctrl"}}}
