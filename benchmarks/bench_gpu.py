@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:  # the source tree, where mismatch_ctrl is not ins
 
 from bench_hooks import advantage_call, local_view, make_args, make_rollout, tis_call  # noqa: E402 (benchmarks/)
 from mismatch_ctrl import host  # noqa: E402
-from bench_options import REPEATS, SEED  # noqa: E402 (benchmarks/)
+from bench_options import REPEATS, SEED, check_output_file  # noqa: E402 (benchmarks/)
 
 SLIME_MIS = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",
                  tis_lower_bound=0.5, tis_upper_bound=2.0, rs_lower_bound=None, rs_upper_bound=None,
@@ -156,8 +156,7 @@ def options(doc: str, repeats: int, unit: str) -> argparse.Namespace:
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--json", type=Path, help="also write the device and the rows to this JSON file")
     args = parser.parse_args()
-    if args.json is not None and not args.json.parent.is_dir():
-        parser.error(f"--json {args.json}: {args.json.parent} is not a directory")
+    check_output_file(parser, "--json", args.json)
     return args
 
 

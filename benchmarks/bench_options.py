@@ -8,7 +8,11 @@ CPU's memory and finish within hours (each bound says which), seeds as the lab t
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Callable
+
+from mismatch_ctrl.regular_files import what_is
 
 MAX_SEED = 2**32 - 1
 """Seeds as the lab takes them (``mismatch_ctrl.lab.sweeps.options.MAX_SEED``): below 2**32."""
@@ -47,3 +51,18 @@ def check_most(parser: argparse.ArgumentParser, name: str, value: int, most: int
     """``parser.error`` (exit 2) when ``value`` (named ``name``) is above ``most``; ``why`` says what the bound is."""
     if value > most:
         parser.error(f"{name} = {value:,} is above {most:,}: {why}")
+
+
+def check_output_file(parser: argparse.ArgumentParser, flag: str, path: str | Path | None) -> None:
+    """``parser.error`` (exit 2), before any work, when the file ``path`` given to ``flag`` cannot be written at the
+    end: its folder is missing, or something other than a regular file is there (a folder, or a FIFO that would block
+    the write)."""
+    if path is None:
+        return
+    path = Path(path)
+    if not path.parent.is_dir():
+        parser.error(f"{flag} {path}: {path.parent} is not a directory; create it or name a file in an existing one")
+    if os.path.lexists(path):
+        kind = what_is(path)
+        if kind not in (None, "a broken link"):
+            parser.error(f"{flag} {path}: is {kind}, not a regular file; name the JSON file to write")

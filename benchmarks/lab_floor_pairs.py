@@ -11,26 +11,35 @@ A file holds one run of ``lab_mismatch.py`` (any seeds); a seed found in two fil
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from mismatch_ctrl import regular_files
 from mismatch_ctrl.lab.results.stats import spread
 from mismatch_ctrl.lab.sweeps.options import seed_list
 
 
 def floors(paths: list[Path], policy: str) -> dict[str, dict[int, float]]:
     """Engine -> seed -> floor of ``policy`` over the files (``results[<policy>@<engine>]['seeds']``, in the order of
-    the file's ``args.seeds``); ValueError for a seed measured twice."""
+    the file's ``args.seeds``); ValueError for a seed measured twice or a file that is not such JSON, OSError for one
+    that cannot be read (no regular file)."""
     out: dict[str, dict[int, float]] = {}
     for path in paths:
-        data = json.loads(path.read_text())
-        seeds = data["args"]["seeds"]
-        for name, entry in data["results"].items():
+        try:
+            data = regular_files.read_json(path)  # a FIFO or a folder refused by name, never waited on
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+        try:
+            seeds = data["args"]["seeds"]
+            entries = [(name, entry["seeds"]) for name, entry in data["results"].items()]
+        except (KeyError, TypeError, AttributeError):
+            raise ValueError(f"{path}: not a file written by lab_mismatch.py --json (no args.seeds and results)"
+                             ) from None
+        for name, runs in entries:
             kind, _, engine = name.partition("@")
             if kind != policy:
                 continue
             by_seed = out.setdefault(engine, {})
-            for seed, floor in zip(seeds, entry["seeds"]):
+            for seed, floor in zip(seeds, runs):
                 if seed in by_seed:
                     raise ValueError(f"{path}: {name} seed {seed} is in another file too; give each seed once")
                 by_seed[seed] = floor["floor"]
@@ -49,10 +58,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policy", default="moe", help="policy kind (default: moe)")
     parser.add_argument("--seeds", type=seed_list, help="only these seeds (default: every seed of the files)")
     args = parser.parse_args(argv)
-    missing = [str(path) for path in args.files if not path.is_file()]
-    if missing:
-        parser.error(f"no such file: {', '.join(missing)} (give the --json outputs of benchmarks/lab_mismatch.py)")
-    table = floors(args.files, args.policy)
+    try:
+        table = floors(args.files, args.policy)
+    except FileNotFoundError as exc:
+        parser.error(f"no such file: {exc.filename} (give the --json outputs of benchmarks/lab_mismatch.py)")
+    except (OSError, ValueError) as exc:  # a FIFO, a folder, not UTF-8 or JSON, a seed twice
+        parser.error(f"{exc} (give the --json outputs of benchmarks/lab_mismatch.py)")
     if args.seeds is not None:
         table = {engine: {s: v for s, v in by_seed.items() if s in args.seeds} for engine, by_seed in table.items()}
     print(f"policy {args.policy}; mean [95% t interval] over seeds; floor = median C_bar over a seed's rollouts\n")

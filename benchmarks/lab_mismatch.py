@@ -24,7 +24,8 @@ import torch
 from mismatch_ctrl.lab.results.stats import spread
 from mismatch_ctrl.lab.model.engine import RolloutEngine
 from mismatch_ctrl.lab.model.floor import measure_floor
-from bench_options import PROMPTS, REPEATS, SAMPLES, THREADS, bounded_int  # benchmarks/ is this script's directory
+from bench_options import (  # benchmarks/ is this script's directory
+    PROMPTS, REPEATS, SAMPLES, THREADS, bounded_int, check_output_file)
 from mismatch_ctrl.lab.sweeps.options import seed_list
 from mismatch_ctrl.lab.model.policy import POLICY_KINDS
 from mismatch_ctrl.lab.model.quant import QUANT_MODES, QuantConfig
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
                         "or ~/.cache/mismatch_ctrl/lab)")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
+    check_output_file(parser, "--json", args.json)
     torch.set_num_threads(args.threads)
 
     results: dict[str, dict[str, list[dict]]] = {}

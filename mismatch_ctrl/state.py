@@ -275,10 +275,12 @@ class StateStore:
             raise StateError(f"{path}: state version {brief(version)} is not supported (this version reads "
                              f"{', '.join(map(str, sorted([*UPGRADES, VERSION])))}: written by another version of "
                              "mismatch_ctrl)")
-        if type(document.get("rollout_id")) is not int or document["rollout_id"] != rollout_id or \
-                not isinstance(document.get("state"), dict):  # not 4.0 or true for 4 or 1
+        if type(document.get("rollout_id")) is not int or document["rollout_id"] != rollout_id:  # not 4.0 or true
             raise StateError(f"{path}: corrupt state (rollout_id {brief(document.get('rollout_id'))}, expected "
                              f"{rollout_id})")
+        if not isinstance(document.get("state"), dict):
+            raise StateError(f"{path}: corrupt state (state: expected the controllers' mapping, got "
+                             f"{brief(document.get('state'))}); the file was edited")
         state = document["state"]
         while version != VERSION:
             state, version = UPGRADES[version](state), version + 1

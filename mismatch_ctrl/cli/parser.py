@@ -26,6 +26,13 @@ def expert_count(text: str) -> int:
     return value
 
 
+def file_path(text: str) -> str:
+    """A path to a file: not empty (an unset shell variable; ``Path("")`` would read as the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty (an unset variable?); give the path of a file")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mismatch-ctrl",
@@ -42,11 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Validate a YAML with a top-level 'mismatch_ctrl:' key (--json: print every "
                                        "resolved setting). Exit 0 if valid, 2 with a message naming the key "
                                        "otherwise.")
-    check.add_argument("path", help="YAML file, e.g. configs/methods/dcgrpo.yaml")
+    check.add_argument("path", type=file_path, help="YAML file, e.g. configs/methods/dcgrpo.yaml")
     arch = check.add_mutually_exclusive_group()
     arch.add_argument("--arch", choices=("dense", "moe"), help="architecture for the DC-GRPO defaults")
     arch.add_argument("--num-experts", type=expert_count, help="Megatron --num-experts of the model (> 0 means MoE)")
-    arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) to read the architecture from")
+    arch.add_argument("--hf-config", type=file_path,
+                      help="Hugging Face config.json (or model directory) to read the architecture from")
     check.add_argument("--num-rollout", type=options.positive_int,
                        help="slime's --num-rollout: also refuse what would leave a controller inert over the run, and "
                             "warn about guards that could not act (as the hook's init does)")
@@ -182,8 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                        "(default moe, the recipe's model)")
     analyze_arch.add_argument("--num-experts", type=expert_count,
                               help="Megatron --num-experts of the model (> 0 means MoE)")
-    analyze_arch.add_argument("--hf-config", help="Hugging Face config.json (or model directory) of the model")
-    analyze.add_argument("--config", help="method YAML (or the name of one in configs/methods/) whose dcgrpo and "
+    analyze_arch.add_argument("--hf-config", type=file_path,
+                              help="Hugging Face config.json (or model directory) of the model")
+    analyze.add_argument("--config", type=file_path,
+                         help="method YAML (or the name of one in configs/methods/) whose dcgrpo and "
                                           "lr_decay settings drive the replay (default dcgrpo_length_decay)")
     analyze.add_argument("--eps", type=eps_option, help="DC-GRPO budget for the replay: a number in (0, 1) or 'auto'")
     analyze.add_argument("--lambda-0", type=number_option(0.0), help="initial DC-GRPO multiplier for the replay (>= 0)")

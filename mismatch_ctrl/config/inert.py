@@ -15,6 +15,9 @@ LOWEST_FP8_FLOOR = 1.0e-3
 """The low end of the discrepancy floors of quantised rollout engines (FP8 MoE stacks: 1e-3 to 2e-2; the lab's e4m3
 engine ~1.2e-2): an ``eps_auto_factor`` of ``EPS_MAX / LOWEST_FP8_FLOOR`` or more makes any such engine's calibrated
 eps no budget at all [ours]."""
+MOST_ROLLOUTS = 10**6
+"""More rollouts than a run has (the launchers' bound of NUM_ROLLOUT): a dual update that needs more to move lambda
+across ``[0, lambda_max]`` never acts [ours]."""
 FLOAT32_RESOLUTION = 2.0**-24
 """Half of float32's spacing at 1: a change smaller than this leaves an advantage of magnitude 1 (GRPO's normalised
 advantages are of that order) unchanged, and ``1 + c`` equal to 1."""
@@ -39,6 +42,14 @@ def _unrepresentable(config: Config) -> tuple[list[str], list[str]]:
                         f"{largest:.3g} (signal {d.signal}: c <= {SIGNAL_MAX[d.signal]:.4g}), below float32's "
                         f"resolution of an advantage of 1 ({FLOAT32_RESOLUTION:.3g}): DC-GRPO would change no "
                         "advantage of GRPO's usual size; raise lambda_max")
+    if d.enabled and d.penalty_form != "fixed" and d.eta is not None and d.lambda_max is not None:
+        needed = d.lambda_max / (d.eta * SIGNAL_MAX[d.signal])
+        if needed > MOST_ROLLOUTS:
+            warnings.append(f"{ROOT_KEY}.dcgrpo.eta = {d.eta:g}: lambda += eta (C_bar - eps) moves lambda by at most "
+                            f"eta x {SIGNAL_MAX[d.signal]:.4g} per rollout (signal {d.signal}), so reaching lambda_max "
+                            f"= {d.lambda_max:g} takes over {needed:.3g} rollouts, more than any run has: the dual "
+                            "update would never act (lambda stays at lambda_0); raise eta (default 1.0), or say "
+                            "penalty_form: fixed")
     if d.enabled and d.cap is not None and d.cap < FLOAT32_RESOLUTION:
         warnings.append(f"{ROOT_KEY}.dcgrpo.penalty_cap = {d.cap:g}: the penalty is capped at {d.cap:g} x mean|A|, "
                         f"below float32's resolution of an advantage ({FLOAT32_RESOLUTION:.3g} relative): DC-GRPO "

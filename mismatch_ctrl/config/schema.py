@@ -5,6 +5,7 @@ combinations that cannot run refused."""
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -84,8 +85,19 @@ def load_config(path: str | Path, **resolve: Any) -> Config:
 
 def misplaced_keys(document: Mapping[Any, Any]) -> list[str]:
     """mismatch_ctrl's own keys (``dcgrpo``, ``correction``, ``name``, ...) written at the top level of the YAML,
-    beside ``mismatch_ctrl:`` instead of under it."""
-    return [str(key) for key in document if key != ROOT_KEY and str(key) in TOP_LEVEL_KEYS]
+    beside ``mismatch_ctrl:`` instead of under it, in any case and with lookalike letters (``Dcgrpo``, a Cyrillic
+    ``о``, full-width letters): slime's own keys are ASCII, so such a key is ours, misspelt."""
+    ours = {_skeleton(key): key for key in TOP_LEVEL_KEYS}
+    return [str(key) for key in document if key != ROOT_KEY and _skeleton(str(key)) in ours]
+
+
+_LOOKALIKES = str.maketrans("аесіјоргхуѕԁһкмтвн", "aecijoprxysdhkmtbh")
+"""Cyrillic letters that look like Latin ones (the key a keyboard layout or a copy from a web page gives)."""
+
+
+def _skeleton(key: str) -> str:
+    """``key`` folded for comparison: NFKC (full-width letters), case-folded, Cyrillic lookalikes made Latin."""
+    return unicodedata.normalize("NFKC", key).casefold().translate(_LOOKALIKES)
 
 
 def refuse_misplaced(document: Mapping[Any, Any], where: str = "") -> None:

@@ -1,5 +1,6 @@
-"""The method YAML read strictly: duplicate keys, base-60 numbers, numbers that underflow to 0 and absurd sizes are
-refused with :class:`~mismatch_ctrl.errors.ConfigError` naming the file (PyYAML would read each without a word)."""
+"""The method YAML read strictly: duplicate keys (a second ``<<`` and merged mappings that disagree included),
+base-60 and leading-zero (octal) numbers, numbers that underflow to 0 and absurd sizes are refused with
+:class:`~mismatch_ctrl.errors.ConfigError` naming the file (PyYAML would read each without a word)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, tuple[int, int]] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden by the keys next to it
-                continue
-            key = self.construct_object(key_node, deep=deep)
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden by the keys next to it,
+                self._refuse_merge_conflicts(value_node, deep)  # but not by another merged mapping
+                key: Any = "<<"
+            else:
+                key = self.construct_object(key_node, deep=deep)
             where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             try:
                 first = seen.setdefault(key, where)
@@ -37,8 +40,34 @@ class _StrictLoader(yaml.SafeLoader):
                                 "of them", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
+    def _refuse_merge_conflicts(self, value_node: yaml.Node, deep: bool) -> None:
+        """``<<: [*a, *b]`` where ``a`` and ``b`` give one key different values: YAML keeps the first without a word."""
+        if not isinstance(value_node, yaml.SequenceNode):
+            return
+        first: dict[Any, Any] = {}
+        for source in value_node.value:
+            if not isinstance(source, yaml.MappingNode):
+                return  # the base class reports it
+            for key_node, item_node in source.value:
+                key, value = self.construct_object(key_node, deep=True), self.construct_object(item_node, deep=True)
+                try:
+                    earlier = first.setdefault(key, value)
+                except TypeError:
+                    continue
+                if earlier != value:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {brief(key)} in the merged mappings ({brief(earlier)} and "
+                                    f"{brief(value)}; YAML would keep the first without a word): keep one of them, or "
+                                    "set the key beside '<<'", source.start_mark)
+
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         self._refuse_base_60(node)
+        digits = node.value.replace("_", "").lstrip("+-")
+        if len(digits) > 1 and digits[0] == "0" and digits.isdigit():
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value} is an octal number in YAML 1.1 (read as "
+                            f"{super().construct_yaml_int(node)}); "
+                            "write it without the leading zero", node.start_mark)
         try:
             return super().construct_yaml_int(node)
         except ValueError:  # beyond Python's digit limit for int(str): no setting takes such a number

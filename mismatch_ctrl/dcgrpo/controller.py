@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from ..batch import LOG_RATIO_BOUND
 from ..errors import StateError
 from ..state import count, either, list_of, literal, nonnegative, number, optional, positive, validated
+from ..signals import SIGNAL_MAX
 from .settings import EPS_MAX, DCGRPOSettings
 
 log = logging.getLogger("mismatch_ctrl.dcgrpo")
@@ -204,6 +205,11 @@ class LagrangeController:
         if saved_setting != "auto" and state["eps"] < saved_setting:
             raise StateError(f"{where}.eps: {state['eps']:g} is below the run's eps {saved_setting:g}, which the "
                              "infeasible-budget and drift guards only ever raise: the file was edited")
+        highest = s.eps_auto_factor * SIGNAL_MAX[s.signal]
+        if state["eps"] is not None and state["eps"] > max(highest, saved_setting if saved_setting != "auto" else 0):
+            raise StateError(f"{where}.eps: {state['eps']:g} is above {highest:.4g}, the most the guards can lift eps "
+                             f"to "
+                             f"(eps_auto_factor x the largest C_bar of signal {s.signal}): the file was edited")
         if floor is not None and floor != statistics.median(state["observed"]):
             raise StateError(f"{where}.floor: {floor:g} is not the median {statistics.median(state['observed']):g} of "
                              "the observed C_bar it was measured from: the file was edited")

@@ -184,6 +184,9 @@ PATH_SETTINGS = ("REPO_ROOT", "METHOD_CONFIG", "MODEL_ARGS_FILE", "EVAL_CONFIG",
                  "TENSORBOARD_DIR")
 """Settings that are paths: Ray runs the job's processes in other working directories, so a relative path given
 here is made absolute against the launcher's (:attr:`Settings.made_absolute`)."""
+MOST_GPU_MEMORY_GB = 1024
+"""More memory than one GPU has (an H200: 141 GB; a B200: 192 GB): a larger GPU_MEMORY_GB is a value in MB, and would
+keep every memory warning quiet."""
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -269,9 +272,15 @@ class Settings:
                 out.append(f"{name}={self[name]} must be a finite number > 0, e.g. {name}={example}")
             elif not low <= value <= high:
                 out.append(f"{name}={self[name]} is outside [{low:g}, {high:g}]: {why} (default {self.defaults[name]})")
-        for name, low, high in (("SGLANG_MEM_FRACTION", 0.0, 1.0), ("GPU_MEMORY_GB", 0.0, float("inf"))):
+        for name, low, high in (("SGLANG_MEM_FRACTION", 0.0, 1.0), ("GPU_MEMORY_GB", 0.0, MOST_GPU_MEMORY_GB)):
             if not low < _number(self[name]) < high:
-                out.append(f"{name}={self[name]} must be a number in ({low:g}, {high:g})")
+                out.append(f"{name}={self[name]} must be a number in ({low:g}, {high:g})" + (
+                    f": the memory of one GPU in GB (H100: 80, H200: 141; {high:g} is more than any GPU has: a value "
+                    "in MB?)" if name == "GPU_MEMORY_GB" else ""))
+        run_name = self["RUN_NAME"]
+        if run_name in (".", "..") or "/" in run_name or not run_name.isprintable():
+            out.append(f"RUN_NAME={run_name!r} must be a plain name (no '/', no control characters, not . or ..): it "
+                       "names the run's folder under /root/runs (the default SAVE_DIR) and its wandb group")
         for name in self.pass_env:
             if not _NAME.fullmatch(name):
                 out.append(f"PASS_ENV holds '{name}', which is not a variable name")

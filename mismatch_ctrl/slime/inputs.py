@@ -111,7 +111,8 @@ def check_lengths(total_lengths: Any, response_lengths: Any) -> int:
 
 
 def check_tensor_list(name: str, values: Any, n: int) -> None:
-    """``values`` is a list of ``n`` tensors (one per sample)."""
+    """``values`` is a list of ``n`` tensors (one per sample), each dense and at most 1-D (a 0-d one is refused by its
+    token count later)."""
     if not isinstance(values, (list, tuple)):
         raise InputError(f"{name} must be a list of tensors (one per sample), got {type(values).__name__}")
     if len(values) != n:
@@ -120,6 +121,10 @@ def check_tensor_list(name: str, values: Any, n: int) -> None:
         if not isinstance(t, torch.Tensor):
             raise InputError(f"sample {i}: {name} must be a tensor, got {type(t).__name__}")
         check_plain(f"sample {i}: {name}", t)
+        if t.dim() > 1:
+            raise InputError(f"sample {i}: {name} must be 1-D (one value per token of the sample), got a tensor of "
+                             f"shape {tuple(t.shape)}: slime passes one flat tensor per sample (check what reshaped "
+                             "it)")
 
 
 def check_plain(name: str, t: torch.Tensor) -> None:

@@ -73,6 +73,12 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _shown(value: Any) -> str:
+    """A verl value as its override would write it: booleans as true/false, strings quoted (``'true'`` is a string,
+    not the boolean)."""
+    return str(value).lower() if isinstance(value, bool) else brief(value)
+
+
 def overrides(keys: Mapping[str, Any]) -> str:
     """The Hydra overrides that set ``keys`` under ``algorithm.rollout_correction`` (strings quoted for the shell)."""
     def value(v: Any) -> str:
@@ -84,9 +90,11 @@ def overrides(keys: Mapping[str, Any]) -> str:
 def check_verl_config(cfg: Any, config: Config) -> None:
     """Raise :class:`ConfigError` naming the verl key and the override that fixes it, for every setting of ``cfg``
     (verl's composed config) under which ``config`` would not run as configured."""
-    if get(cfg, "trainer.use_v1", True) is not True:
-        raise ConfigError("trainer.use_v1=false runs verl's deprecated legacy trainer, which mismatch_ctrl does not "
-                          "plug into: set trainer.use_v1=true")
+    use_v1 = get(cfg, "trainer.use_v1", True)
+    if use_v1 is not True:
+        what = "runs verl's deprecated legacy trainer" if use_v1 is False else "is not the boolean true"
+        raise ConfigError(f"trainer.use_v1={_shown(use_v1)} {what}, which mismatch_ctrl does not plug into: set "
+                          "trainer.use_v1=true")
     mode = get(cfg, "trainer.v1.trainer_mode", "sync")
     if mode != TRAINER_MODE:
         stale = "its staleness is not handled by mismatch_ctrl; " if "async" in str(mode) else ""
@@ -103,14 +111,17 @@ def check_verl_config(cfg: Any, config: Config) -> None:
                           "change verl's rollout_is_threshold every step); use it on slime, or a fixed preset here")
     rc = get(cfg, RC)
     needs_log_probs = config.needs_train_log_probs or config.correction.active
-    if needs_log_probs and get(cfg, f"{RC}.bypass_mode", False):
-        raise ConfigError(f"{RC}.bypass_mode=true sets old_log_probs to rollout_log_probs, so c = |p_train - "
+    bypass = get(cfg, f"{RC}.bypass_mode", False)
+    if needs_log_probs and bypass:
+        raise ConfigError(f"{RC}.bypass_mode={_shown(bypass)} (which verl reads as true) sets old_log_probs to "
+                          f"rollout_log_probs, so c = |p_train - "
                           f"p_rollout| is 0 and {'DC-GRPO' if config.dcgrpo.enabled else 'the correction'} would "
                           f"silently do nothing: set {RC}.bypass_mode=false")
-    if needs_log_probs and get(cfg, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
-        raise ConfigError("actor_rollout_ref.rollout.calculate_log_probs=false: the rollout engine's log-probs are not "
-                          "recorded, and mismatch_ctrl compares them with the trainer's: set "
-                          "actor_rollout_ref.rollout.calculate_log_probs=true")
+    calculate = get(cfg, "actor_rollout_ref.rollout.calculate_log_probs", True)
+    if needs_log_probs and calculate is not True:
+        raise ConfigError(f"actor_rollout_ref.rollout.calculate_log_probs={_shown(calculate)}: not true, so the "
+                          "rollout engine's log-probs may not be recorded, and mismatch_ctrl compares them with the "
+                          "trainer's: set actor_rollout_ref.rollout.calculate_log_probs=true")
     estimator = get(cfg, "algorithm.adv_estimator", "grpo")
     if config.dcgrpo.enabled and estimator != "grpo":
         raise ConfigError(f"algorithm.adv_estimator={brief(estimator)}: DC-GRPO shapes GRPO's per-sequence advantage "

@@ -31,9 +31,10 @@ def token_column(rows: list[dict[str, Any]], key: str, n_tokens: list[int], path
     out = []
     for i, (row, n) in enumerate(zip(rows, n_tokens)):
         if key.endswith("log_probs") and not _floating(row[key]):
-            raise DumpError(f"{path}: sample {i} ({label} {row.get('rollout_position', i)}): {key} holds integers "
-                            f"({_dtype_name(row[key])}), not log-probs: the dump is not what slime writes (token ids "
-                            "or masks under the wrong key?); re-dump it")
+            kind = "complex numbers" if _complex(row[key]) else "integers"
+            raise DumpError(f"{path}: sample {i} ({label} {row.get('rollout_position', i)}): {key} holds {kind} "
+                            f"({_dtype_name(row[key])}), not floating-point log-probs: the dump is not what slime "
+                            "writes (token ids or masks under the wrong key?); re-dump it")
         tensor = float_tensor(row[key], path, f"sample {i}: {key}")
         if tensor.numel() != n:
             raise DumpError(f"{path}: sample {i} ({label} {row.get('rollout_position', i)}): {key} has "
@@ -48,6 +49,15 @@ def _floating(value: Any) -> bool:
     if torch.is_tensor(value) or isinstance(value, np.ndarray):
         return value.dtype.is_floating_point if torch.is_tensor(value) else np.issubdtype(value.dtype, np.floating)
     return not isinstance(value, (list, tuple)) or not value or any(isinstance(v, float) for v in value)
+
+
+def _complex(value: Any) -> bool:
+    """Whether a tensor, an array or a list holds complex numbers."""
+    if torch.is_tensor(value):
+        return value.is_complex()
+    if isinstance(value, np.ndarray):
+        return np.iscomplexobj(value)
+    return isinstance(value, (list, tuple)) and any(isinstance(v, complex) for v in value)
 
 
 def _dtype_name(value: Any) -> str:
@@ -67,7 +77,7 @@ def float_tensor(value: Any, path: Path, what: str) -> torch.Tensor:
         raise DumpError(f"{path}: {what} is a tensor of {value.numel()} elements stored in "
                         f"{value.untyped_storage().nbytes()} bytes (overlapping elements); re-dump it with slime")
     try:
-        return torch.as_tensor(value).reshape(-1).float()
+        return torch.as_tensor(value).detach().reshape(-1).float()  # a dumped tensor that requires grad too
     except (TypeError, ValueError, RuntimeError):
         raise DumpError(f"{path}: {what} is not a list of numbers or a tensor ({type(value).__name__})") from None
 
@@ -89,13 +99,25 @@ def flag(value: Any, path: Path, what: str) -> bool:
 def length_column(rows: list[dict[str, Any]], key: str, path: Path) -> list[int]:
     """The integer ``key`` (a response length) of every sample, each between 0 and :data:`MAX_TOKENS`."""
     try:
-        lengths = [int(row[key]) for row in rows]
+        lengths = [_count(row[key]) for row in rows]
     except (KeyError, TypeError, ValueError, OverflowError):
         raise DumpError(f"{path}: every sample needs an integer '{key}'") from None
+    if None in lengths:
+        i = lengths.index(None)
+        raise DumpError(f"{path}: sample {i}: {key} must be an integer, got {brief(rows[i][key], 40)} "
+                        f"({type(rows[i][key]).__name__}); slime writes one int per sample: re-dump it")
     if lengths and not 0 <= min(lengths) <= max(lengths) <= MAX_TOKENS:
         bad = min(lengths) if min(lengths) < 0 else max(lengths)
         raise DumpError(f"{path}: {key} must be between 0 and {MAX_TOKENS}, got {brief(bad, 40)}")
     return lengths
+
+
+def _count(value: Any) -> int | None:
+    """A length: a Python or numpy integer or a 0-d integer tensor (never a bool, a float or a string), else None."""
+    if torch.is_tensor(value) and value.dim() == 0 and not value.is_floating_point() and not value.is_complex() \
+            and value.dtype != torch.bool:
+        return int(value)
+    return integer(value)
 
 
 def reward_list(values: Any, path: Path, what: str) -> tuple[list[float] | None, str | None]:
@@ -121,12 +143,13 @@ def _items(values: Any) -> list[Any] | None:
 
 
 def float_list(values: Any) -> list[float] | None:
-    """Floats of a sequence of numbers (None if it is not one; a string is neither a sequence nor a number here)."""
+    """Floats of a sequence of numbers (None if it is not one; a string is neither a sequence nor a number here, a
+    boolean no number)."""
     if values is None or isinstance(values, (str, bytes)):
         return None
     try:
         items = list(values)
-        if any(isinstance(v, (str, bytes)) for v in items):
+        if any(isinstance(v, (str, bytes, bool, np.bool_)) for v in items):  # True is no reward (as in the hooks)
             return None
         return [float(v) for v in items]
     except (TypeError, ValueError, OverflowError, RuntimeError):

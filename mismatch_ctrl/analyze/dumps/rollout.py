@@ -145,6 +145,10 @@ def _from_train(rollout_id: int, payload: dict[str, Any], path: Path) -> Rollout
         dump.rewards, note = reward_list([row["rewards"] for row in rows], path, "rewards")
         notes.append(note)
     dump.raw_rewards, note = reward_list(payload.get("raw_reward"), path, "raw_reward")
+    if dump.raw_rewards is not None and len(dump.raw_rewards) < len(rows):  # the whole batch's: never fewer
+        note = (f"{path}: raw_reward has {len(dump.raw_rewards)} values for {len(rows)} samples (slime stores the "
+                "whole rollout batch's, never fewer than a dump's samples)")
+        dump.raw_rewards = None
     notes.append(note)
     if dump.raw_rewards is None and all("local_raw_reward" in row for row in rows):
         dump.raw_rewards, note = reward_list([row["local_raw_reward"] for row in rows], path, "local_raw_reward")
