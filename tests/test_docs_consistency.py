@@ -4,12 +4,12 @@ Three rules, each a function of a repository root, so the tests below run them o
 violations in a temporary tree:
 
 - **Inside the clone**: every relative link of a page (README.md, docs/, launch/, docker/, recipes/) and every
-  literal ``../`` path in its text resolves, from the page's own directory, to a file of the clone; no page names
-  the developers' design folder (``../shared``, ``shared/design/``) or a path of the machine it was written on
-  (``/work/``).
+  literal ``../`` path in its text resolves, from the page's own directory, to a file of the clone; no page, and no
+  line of the code, tests, scripts or configs (comments included), names the developers' design folder
+  (``../shared``, ``shared/design/``) or a path of the machine it was written on (``/work/``).
 - **No tracker numbers**: "issue 22" means nothing in a clone. No page says "issue N"; no string of the package, the
-  benchmarks or the recipes (docstrings included: ``--help`` prints several), no launcher script or Makefile, and
-  no test name or test string a failing run prints (test docstrings aside) does either.
+  benchmarks, the recipes or docker/ (docstrings included: ``--help`` prints several), no launcher script, config,
+  Dockerfile or Makefile, and no test name or test string a failing run prints (test docstrings aside) does either.
 - **Times stated once** (the convention of docs/times.md): the time of a ``make`` target of :data:`TIMED_TARGETS`
   and of a lab preset run as itself (``mismatch-ctrl lab --preset NAME --out DIR``, no other option) is stated on
   docs/times.md only, which has a row for each; any other command (a code-block line or a ``mismatch-ctrl`` /
@@ -70,7 +70,19 @@ def outside_references(root: Path) -> list[str]:
             elif not resolved.exists():
                 problems.append(f"{_rel(page, root)}: {target} (no such file in the clone)")
         problems += [f"{_rel(page, root)}: {m.group()} (outside the clone)" for m in OUTSIDE_WORDS.finditer(text)]
+    for path in source_files(root):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            problems += [f"{_rel(path, root)}:{number}: {m.group()} (outside the clone)"
+                         for m in OUTSIDE_WORDS.finditer(line)]
     return problems
+
+
+def source_files(root: Path) -> list[Path]:
+    """The code, tests, scripts and configs of the clone (this file aside: it plants violations in its strings)."""
+    found = [p for folder in ("mismatch_ctrl", "tests", "benchmarks", "recipes", "docker", "launch", "configs", ".ci")
+             for p in sorted((root / folder).rglob("*")) if p.is_file() and p.suffix in ("", ".py", ".sh", ".yaml")]
+    found += [root / "Makefile"] if (root / "Makefile").is_file() else []
+    return [p for p in found if p.resolve() != Path(__file__).resolve() and "__pycache__" not in p.parts]
 
 
 # --- no tracker numbers ----------------------------------------------------------------------------------------------
@@ -102,13 +114,15 @@ def issue_mentions(root: Path) -> list[str]:
 
     for page in pages(root):
         scan(page, list(enumerate(page.read_text().splitlines(), 1)))
-    for folder in ("mismatch_ctrl", "benchmarks", "recipes"):
+    for folder in ("mismatch_ctrl", "benchmarks", "recipes", "docker"):
         for path in sorted((root / folder).rglob("*.py")):
             scan(path, _python_strings(path, docstrings=True))
     for path in sorted((root / "tests").rglob("*.py")):
         if path.resolve() != Path(__file__).resolve():  # this file plants violations in its own strings
             scan(path, _python_strings(path, docstrings=False))
-    scripts = [*(root / "launch").glob("*.sh"), *(root / "benchmarks").glob("*.sh"), root / "Makefile"]
+    scripts = [*(root / "launch").glob("*.sh"), *(root / "benchmarks").glob("*.sh"), *(root / "recipes").rglob("*.sh"),
+               *(root / "configs").rglob("*.yaml"), *(root / "recipes").rglob("*.yaml"), root / "docker" / "Dockerfile",
+               root / "Makefile"]
     for path in sorted(p for p in scripts if p.is_file()):
         scan(path, list(enumerate(path.read_text().splitlines(), 1)))
     return problems
@@ -247,13 +261,15 @@ def test_planted_references_outside_the_clone_are_named(tmp_path):
         "docs/times.md": TIMES_OK,
         "launch/README.md": "Facts: `../shared/design/SLIME.md` section 8; [up](../../elsewhere.md); "
                             "[gone](../docs/missing.md); [fine](../docs/times.md#x).\n",
-        "docs/a.md": "Written on /work/main/docs.\n"})
+        "docs/a.md": "Written on /work/main/docs.\n",
+        "tests/test_y.py": "# facts: /work/shared/design/SLIME.md section 8\n"})
     problems = outside_references(root)
     assert "launch/README.md: ../shared (outside the clone)" in problems
     assert "launch/README.md: ../shared/design/SLIME.md (no such file in the clone)" in problems
     assert any("../../elsewhere.md (outside the clone)" in p for p in problems)
     assert any("../docs/missing.md (no such file" in p for p in problems)
     assert any(p.startswith("docs/a.md: /work/") for p in problems)
+    assert "tests/test_y.py:1: /work/ (outside the clone)" in problems
     assert not any("times.md" in p or "example.org" in p or "#top" in p for p in problems)
     assert outside_references(_tree(tmp_path / "clean", {"README.md": "[d](docs/times.md)\n",
                                                          "docs/times.md": "x\n"})) == []
