@@ -10,7 +10,7 @@ Two workloads on ~2M tokens (256 responses, lengths uniform in [1k, 16k]; CPU, f
 Each is compared with the same math written as naive loops over the sequences: ``python`` (each sequence's tokens
 as Python floats, the way tests/reference.py computes) and ``torch`` (torch ops on each sequence's slice), and with a
 single ``torch.exp`` over the token tensor. Prints medians over repeats and the ratios loop/vectorised (target: at
-least 10x the Python loop, issue 11) and vectorised/exp (informational: it depends on the machine's ``exp``), first
+least 10x the Python loop) and vectorised/exp (informational: it depends on the machine's ``exp``), first
 with glibc's default malloc, then with malloc keeping freed memory (no page faults for fresh temporaries, as with the
 CUDA caching allocator where the hooks run).
 ``--profile`` lists the operations that dominate the vectorised paths.
@@ -43,7 +43,7 @@ from mismatch_ctrl.seqstats import SeqStats, reduce_batch
 DC = DCGRPOSettings(enabled=True, lambda_0=0.05, eta=1.0, eps=0.005, lambda_max=1.0)
 GEO = PRESETS["geo_rs_token_tis"]
 LOOP_TARGET = 10.0
-"""The vectorised core is at least this many times faster than the per-token Python loop (issue 11)."""
+"""The vectorised core is at least this many times faster than the per-token Python loop."""
 
 
 MAX_TOKENS = 1 << 25
@@ -297,7 +297,7 @@ def main() -> None:
                   f"{('  ' + ('pass' if ratio >= LOOP_TARGET else 'FAIL')) if kind == 'python' else ''}")
     print(f"\nloop/vec: naive loop / vectorised (target for the Python loop >= {LOOP_TARGET:g}x); vec/exp: "
           "vectorised / one torch.exp, informational only: it depends on the speed of the machine's exp (6-8 on the "
-          "machine of issue 11, 50-70 on another), the hooks' GPU targets are in bench_gpu.py.")
+          "machine of the first measurement, 50-70 on another), the hooks' GPU targets are in bench_gpu.py.")
     print("'malloc keeping freed memory': the same code without page faults for fresh temporaries (as with a caching "
           "allocator).")
     if args.profile:

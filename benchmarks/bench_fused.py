@@ -1,6 +1,6 @@
 """How fast could a TIS hook call be on a GPU? The least a fused correction costs, next to the hook's call.
 
-Issue 22 asks the TIS hook for at most 0.5 ms at 22k tokens. The hook takes 3.6-6.7 ms on an H200, almost all of it
+The TIS hook's target is at most 0.5 ms at 22k tokens. The hook takes 3.6-6.7 ms on an H200, almost all of it
 host work: ~300 aten ops and ~1200 Python calls (docs/performance.md). This script measures the floor a fused
 rewrite could reach. It takes the hook's correction alone, ``geo_rs_token_tis`` with no metrics: geometric
 rejection outside [0.999, 1.001], a veto below 1e-4, token IS truncated at 2. It writes that as one function of

@@ -16,8 +16,8 @@ Cases (slime-shaped inputs on the GPU, as the hooks receive them; lengths unifor
 - advantage hook, DC-GRPO with every mismatch metric and the surge detector, 512 responses of 1k-8k (~2.3M), a
   whole rollout of one data-parallel rank.
 
-Targets (issue 22): the TIS hook at most 1 sync and 0.5 ms at 22k tokens, the advantage hook at most 2 syncs and
-1.5 ms at 2.3M tokens, both constant in the number of sequences. Without CUDA it says so and exits 0 (``make
+Targets (docs/performance.md): the TIS hook at most 1 sync and 0.5 ms at 22k tokens, the advantage hook at most 2
+syncs and 1.5 ms at 2.3M tokens, both constant in the number of sequences. Without CUDA it says so and exits 0 (``make
 bench`` runs it everywhere).
 
     python benchmarks/bench_gpu.py                       # every case
@@ -65,7 +65,7 @@ CASES = [
     ("advantages", "DC-GRPO", (512, 1000, 8000), 64),
 ]
 TARGETS = {"tis": {"syncs": 1, "ms": 0.5, "tokens": 22_000}, "advantages": {"syncs": 2, "ms": 1.5, "tokens": 2_300_000}}
-"""Issue 22's targets; the time target applies at (about) its token count."""
+"""The hooks' targets; the time target applies at (about) its token count."""
 
 
 def on_gpu(view: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@
   dispatches the same number for all three. Then by token count (20k, 300k, 2M tokens): on a CPU the columns go in
   4 MB chunks, each with its own ops; as on a GPU (one chunk) the count stays the same.
 - **host syncs**: host synchronisations one call makes as on a GPU, counted on the CPU by
-  :class:`~mismatch_ctrl.hostguard.HostGuard` (issue 22: at most 1 for the TIS hook, 2 for the advantage hook; the
+  :class:`~mismatch_ctrl.hostguard.HostGuard` (target: at most 1 for the TIS hook, 2 for the advantage hook; the
   per-sequence and batch arithmetic stays on the device, which costs kernel launches instead: ``bench_gpu.py``
   times both on a GPU).
 - **collectives**: ``torch.distributed`` calls made by one call on every rank of a real gloo world of 4 processes,
@@ -20,7 +20,7 @@
 
 Hooks: the advantage hook with DC-GRPO (plus the surge detector and every mismatch metric) and the TIS hook with the
 ``geo_rs_token_tis`` preset (geometric rejection, veto, token TIS) and every metric. ``make bench`` prints the
-targets (issue 22's syncs, issue 11's collectives) next to the numbers.
+targets (host syncs and collectives per call, docs/performance.md) next to the numbers.
 
     python benchmarks/bench_hooks.py                  # everything
     python benchmarks/bench_hooks.py --skip-world     # no spawned processes
@@ -60,7 +60,7 @@ from mismatch_ctrl.slime import hooks
 from mismatch_ctrl.slime.cp import local_index
 
 TARGETS = {"tis_syncs": 1, "advantage_syncs": 2, "tis_collectives": 2, "advantage_collectives": 3}
-"""Issue 22's host synchronisations per call and issue 11's collectives per call."""
+"""The targets: host synchronisations and collectives per call (docs/performance.md)."""
 VIEWS = frozenset({"view", "_unsafe_view", "slice", "select", "unbind", "expand", "t", "transpose", "permute",
                    "narrow", "unsqueeze", "squeeze", "unsqueeze_", "squeeze_", "detach", "alias", "as_strided",
                    "split", "split_with_sizes", "scalar_tensor", "lift_fresh", "empty", "new_empty", "empty_like"})
@@ -276,7 +276,7 @@ def time_chunks(seed: int, repeats: int) -> None:
 def time_host_work(seed: int, repeats: int) -> None:
     """Wall time of one call on a micro-batch of 512 tokens in 8 responses, where the arithmetic is negligible: each
     op's dispatch and the hook's own Python. A GPU call costs at least this much host time (on a host CPU of this
-    speed; the kernels run while the host queues the next ones), so it bounds issue 22's GPU time targets from
+    speed; the kernels run while the host queues the next ones), so it bounds the hooks' GPU time targets from
     below. In units of one tiny op (``x * 2.0`` on 64 numbers), which depend less on the machine."""
     calls = hook_calls(make_rollout(8, 0, 0, seed, tokens=512), list(range(8)))
     tiny = torch.randn(64, dtype=torch.float64)
@@ -290,7 +290,7 @@ def time_host_work(seed: int, repeats: int) -> None:
           f"(x * 2.0 on 64 numbers: {1e3 * op_ms:.1f} us here); a GPU call costs at least its host work")
     for hook, target in (("advantages", 1.5), ("tis", 0.5)):
         ms, ops = wall_ms(calls[hook]), len(count_ops(calls[hook]).ops)
-        print(f"  {hook:12s} {ms:6.2f} ms = {ms / op_ms:5.0f} tiny ops ({ops} aten ops dispatched); issue 22's GPU "
+        print(f"  {hook:12s} {ms:6.2f} ms = {ms / op_ms:5.0f} tiny ops ({ops} aten ops dispatched); the GPU "
               f"target {target} ms: {'below' if ms <= target else f'{ms / target:.1f}x above'} on this host")
     view = local_view(make_rollout(8, 0, 0, seed, tokens=512), list(range(8)))
     compiled_tis = tis_call(make_args({**METHODS["tis"], "torch_compile": True}), view)

@@ -7,7 +7,7 @@ Steps, each bounded in time, in this order (a step that fails or runs out of tim
    synchronisations counted by the CUDA runtime (tests/slime/test_slime_device.py), the compiled TIS hook
    (``torch_compile: true``) the same way (tests/slime/test_slime_compiled.py), a few lab rollouts of every kind of
    run on CUDA (tests/lab/test_lab_cuda.py);
-3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against issue 22's targets; then
+3. ``benchmarks/bench_gpu.py``: host syncs and ms per hook call against the hooks' targets; then
    ``benchmarks/bench_fused.py``: the least a fused correction costs (eager, compiled, CUDA graph) next to the hook;
 4. lab throughput: rollouts per second of the demo's six runs at once (``grpo@none``, ``grpo``, ``grpo+r3``,
    ``dcgrpo``, ``token_tis``, ``geo_rs_e4m3``; one seed) of the small ``moe`` and of the 5.3M-parameter

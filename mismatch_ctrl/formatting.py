@@ -27,6 +27,22 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def count_and_values(values: Sequence[int]) -> str:
+    """How many integers and which, runs of consecutive ones as ranges: ``[0]`` -> ``1 (0)``, ``[70, ..., 74]`` ->
+    ``5 (70-74)``, ``[7, 0, 2, 5, 6]`` -> ``5 (0,2,5-7)``; ``0`` for none. The lab's ``seeds`` column, where a bare
+    ``0`` read as "no seeds"."""
+    if not values:
+        return "0"
+    numbers = sorted(set(values))
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return f"{len(values)} (" + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) + ")"
+
+
 def brief(value: Any, limit: int = 80) -> str:
     """``repr(value)`` bounded in time and length (at most ``limit`` characters, nested containers cut short), for
     error messages about values a user or a file supplied: a YAML alias bomb or a huge string stays one short line."""

@@ -1,5 +1,5 @@
-"""Every command README.md and docs/*.md show runs as written (issue 18: "a fresh clone, followed as the README says,
-runs every command the README shows, unchanged"; issue 24: the same for docs/, and every figure with its command).
+"""Every command README.md and docs/*.md show runs as written: a fresh clone, followed as the pages say, runs every
+command they show, unchanged; and every figure comes with its command.
 
 What runs and what is only resolved:
 

@@ -71,7 +71,8 @@ def architecture_source(args: Any) -> dict[str, Any]:
 def _create(args: Any) -> Runtime:
     if not hasattr(args, "mismatch_ctrl"):
         raise ConfigError("args has no 'mismatch_ctrl' settings: pass a YAML with a top-level 'mismatch_ctrl:' key "
-                          "with --custom-config-path, e.g. configs/methods/dcgrpo.yaml")
+                          "with --custom-config-path, as an absolute path (slime reads it from the directory train.py "
+                          "runs in), e.g. /workspace/mismatch-ctrl/configs/methods/dcgrpo.yaml")
     section = required_section(args.mismatch_ctrl, "args.mismatch_ctrl: ")
     check_config_file(args)
     config = build_config(section, **architecture_source(args))

@@ -1,5 +1,5 @@
 """Refusals before a verl run starts: verl settings under which a configured method would silently not run, each with
-the override that fixes it (issue 35 item 6). No verl import: the trainer calls :func:`check_verl_config` on verl's
+the override that fixes it. No verl import: the trainer calls :func:`check_verl_config` on verl's
 composed config, the launchers' ``--dry-run`` on the config composed from the pinned wheel.
 
 The rules, read in verl 0.9.1 (paths under ``verl/``):

@@ -341,10 +341,17 @@ def test_cli_prints_a_summary_table_per_run_with_means_over_seeds(tmp_path, caps
     for line, label in zip(lines[1:], ["grpo@none", "grpo@e4m3"]):
         rows = [r for r in summary if r["label"] == label]
         cells = line.split()
-        assert cells[0] == label and cells[1] == "0,1"
+        assert cells[0] == label and cells[1:3] == ["2", "(0-1)"]  # how many seeds, and which
         assert cells[-1] == f"{sum(r['collapse_step'] is not None for r in rows)}/2"
-        assert float(cells[2]) == pytest.approx(sum(r["late_acc_engine"] for r in rows) / 2, abs=5e-4)
-        assert float(cells[3]) == pytest.approx(sum(r["late_reward"] for r in rows) / 2, abs=5e-4)
+        assert float(cells[3]) == pytest.approx(sum(r["late_acc_engine"] for r in rows) / 2, abs=5e-4)
+        assert float(cells[4]) == pytest.approx(sum(r["late_reward"] for r in rows) / 2, abs=5e-4)
+
+
+def test_the_seeds_column_names_a_count_and_the_seeds_never_a_bare_seed():
+    """One seed 0 printed as ``0`` read as "zero seeds": the column gives the count and the seeds."""
+    summary = [{"label": "grpo@e4m3", "seed": seed, "late_acc_engine": 0.5, "late_reward": 0.5,
+                "discrepancy_mean": 0.01, "collapse_step": None} for seed in (0,)]
+    assert summary_table(RunTable.from_summaries(summary)).splitlines()[1].split()[1:3] == ["1", "(0)"]
 
 
 class _Stream:

@@ -12,7 +12,7 @@ import pytest
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
-# /work/shared/design/SLIME.md section 8 (slime scripts/models/qwen3-30B-A3B.sh at 624b824a).
+# docs/slime-integration.md section 8 (slime scripts/models/qwen3-30B-A3B.sh at 624b824a).
 QWEN3_30B_A3B = [
     "--disable-bias-linear",
     "--qk-layernorm",

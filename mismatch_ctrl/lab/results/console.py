@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from ...formatting import fmt
+from ...formatting import count_and_values, fmt
 from .pooling import POOLED, InteractionRow, VersusRow, against_name
 from .stats import Spread
 from .table import Run, RunTable
 
 
 def summary_table(table: RunTable) -> str:
-    """A plain-text table, one line per run label: seeds, means over seeds of late accuracy (engine), late reward
-    and discrepancy, and how many seeds collapsed."""
+    """A plain-text table, one line per run label: seeds (how many, and which: ``5 (70-74)``), means over seeds of
+    late accuracy (engine), late reward and discrepancy, and how many seeds collapsed."""
     header = ("run", "seeds", "late acc", "late reward", "discrepancy", "collapsed")
     lines = [header]
     for label, runs in table.groups().items():
@@ -20,7 +20,7 @@ def summary_table(table: RunTable) -> str:
             return fmt(sum(values) / len(values)) if values else "-"
 
         collapsed = sum(run.value("collapse_step") is not None for run in runs)
-        lines.append((label, ",".join(str(run.seed) for run in runs), mean("late_acc_engine"), mean("late_reward"),
+        lines.append((label, count_and_values([run.seed for run in runs]), mean("late_acc_engine"), mean("late_reward"),
                       mean("discrepancy_mean"), f"{collapsed}/{len(runs)}"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in

@@ -28,7 +28,7 @@ Records = Sequence[Mapping[str, Any]]
 SMOOTH = 5
 """Rollouts in the trailing mean of the length (the surge detector's short window)."""
 SURGE_FRACTION = 0.2
-"""A surge doubles the length within this share of the run's rollouts (issue 36)."""
+"""A surge doubles the length within this share of the run's rollouts (docs/lab-surge.md)."""
 WINDOW = 20
 """Rollouts on each side of the surge in ``before_after``."""
 BUCKETS = ((1, 2), (3, 6), (7, 10), (11, 14), (15, None))

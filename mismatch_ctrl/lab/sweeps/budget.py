@@ -66,7 +66,7 @@ def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
 ROLLOUT_SECONDS: dict[str, float] = {"add": 0.2, "reverse": 2.0, "digitsum": 0.5}
 """Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task, on this
 project's reference 2-core machine when idle: ``add`` and ``reverse`` from docs/lab.md and the ``reverse-e5m2``
-preset; ``digitsum`` an estimate (issue 36: ~2.5x ``add``, for 2-3x its decoding steps after the surge, ~10-token
+preset; ``digitsum`` an estimate (~2.5x ``add``, for 2-3x its decoding steps after the surge, ~10-token
 answers; the project's machine was too loaded to time it, docs/lab-surge.md)."""
 
 

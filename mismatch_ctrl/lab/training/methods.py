@@ -49,8 +49,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "geo_rs_nvfp4": ("geo_mis", {"correction": {"rs_low": 0.82, "rs_high": 1.22}}),
     "grpo_lr_half": ("length_decay", {"lr_decay": {"period": 1, "factor": 0.5, "min_scale": 0.5}}),
 }
-"""``dcgrpo_floor_guard`` .. ``dcgrpo_centered_persistent``: DC-GRPO with the safeties of issue 17 added one at a time
-(``drift_guard``, ``penalty_cap``, ``zero_advantage``; ALGORITHMS.md section 2): ``dcgrpo_floor_guard`` is the
+"""``dcgrpo_floor_guard`` .. ``dcgrpo_centered_persistent``: DC-GRPO with the safeties of docs/lab-dcgrpo.md added one
+at a time (``drift_guard``, ``penalty_cap``, ``zero_advantage``; ALGORITHMS.md section 2): ``dcgrpo_floor_guard`` is the
 default before them (the paper's method plus the infeasible-budget guard), ``dcgrpo_persistent`` the default after
 (= ``dcgrpo``). ``dcgrpo_tight_*``: DC-GRPO with eps far below the FP8 engine's discrepancy floor and a large
 lambda_max, without and with the infeasible-budget guard (ALGORITHMS.md section 2); eta = 10 lets lambda climb

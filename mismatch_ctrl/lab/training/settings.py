@@ -83,7 +83,7 @@ CUDA_MIN_PARAMETERS = 1_000_000
 """``--device auto`` trains a policy of at least this many parameters on CUDA (when torch finds a GPU) and a smaller
 one on the CPU: CUDA must be at least :data:`AUTO_CUDA_MARGIN` times as fast to be worth leaving the CPU, whose
 results are the README's figures and whose throughput grows with its cores while a GPU is shared by the runs.
-Measured on one H200 with 16 cores (``make gpu-check`` steps, 2026-11-27, after issue 22's host-sync work): the
+Measured on one H200 with 16 cores (``make gpu-check`` steps, 2026-11-27, after the hooks' host-sync work): the
 105,664-parameter ``moe`` policy ran 1.35x as fast on CUDA alone (6.3 against 4.7 rollouts/s) and 1.22x at the
 demo's load, its six runs at once (31.3 against 25.7 rollouts/s in all: each run's rate fell from 6.3 to 5.2 on the
 shared GPU, from 4.7 to 4.3 on the CPU); the 5.3M-parameter ``moe-large`` 16x (4.9 against 0.31, one run). Before
