@@ -44,15 +44,13 @@ def infeasible_budget_text(eps: float, floor: float, rollouts: int, s: DCGRPOSet
     """The infeasible-budget warning, logged once per run when the floor is measured: the numbers, why the budget
     cannot be met, what the guard does about it and what the user can do (ALGORITHMS.md section 2)."""
     why = (f"DC-GRPO eps={eps:.4g} is below the rollout engine's discrepancy floor {floor:.4g} (median C_bar of the "
-           f"first {rollouts} rollouts: what the two engines differ by before RL has moved the policy), so the "
-           f"budget is infeasible: unguarded, lambda climbs to lambda_max={s.lambda_max:g} and DC-GRPO acts as a "
-           f"constant penalty lambda_max x c.")
+           f"first {rollouts} rollouts, before RL moves the policy): no policy meets that budget; unguarded, lambda "
+           f"climbs to lambda_max={s.lambda_max:g} and DC-GRPO acts as a constant penalty.")
     if s.eps_guard == "clamp":
         act = f"eps_guard=clamp: using eps={s.eps_auto_factor * floor:.4g} ({s.eps_auto_factor:g} x the floor)."
     else:
-        act = "eps_guard=off: kept, so expect lambda at lambda_max."
-    return (f"{why} {act} To choose eps yourself: eps: auto, or an eps above the floor (mismatch-ctrl analyze "
-            "measures it on your run's dumps).")
+        act = "eps_guard=off: kept."
+    return f"{why}\n  {act} To choose eps: eps: auto, or an eps above the floor (mismatch-ctrl analyze measures it)."
 
 
 class LagrangeController:

@@ -171,11 +171,14 @@ def test_an_eps_below_the_floor_is_explained_once_on_the_console_and_in_the_repo
     out = tmp_path / "analysis"
     assert main(["analyze", str(dumps), "--out", str(out), "--eps", "0.0001", "--arch", "moe"]) == 0
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if "discrepancy floor" in line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("mismatch-ctrl analyze: warning: DC-GRPO eps=0.0001 is below the rollout engine's "
-                               "discrepancy floor")
-    assert "acts as a constant penalty" in lines[0] and "eps: auto, or an eps above the floor" in lines[0]
+    lines = err.splitlines()
+    at = [i for i, line in enumerate(lines) if "discrepancy floor" in line]
+    assert len(at) == 1, err
+    why, then = lines[at[0]], lines[at[0] + 1]
+    assert why.startswith("mismatch-ctrl analyze: warning: DC-GRPO eps=0.0001 is below the rollout engine's "
+                          "discrepancy floor")
+    assert "acts as a constant penalty" in why and "eps: auto, or an eps above the floor" in then
+    assert err.count("eps: auto, or an eps above the floor") == 1
     report = (out / "report.md").read_text()
     changes = [line for line in report.splitlines() if "infeasible-budget guard (`eps_guard: clamp`) raised" in line]
     assert len(changes) == 1 and "acts as a constant penalty" in changes[0] and "`eps: auto`" in changes[0]

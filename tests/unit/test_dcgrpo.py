@@ -162,6 +162,7 @@ def test_infeasible_budget_guard(caplog, guard, eps_after):
     text = warnings[0]
     assert "eps=0.001 is below the rollout engine's discrepancy floor 0.025 (median C_bar of the first 3" in text
     assert "lambda climbs to lambda_max=2 and DC-GRPO acts as a constant penalty" in text  # what it means
+    assert len(text.splitlines()) == 2  # why, then what is done and what to do
     assert "eps: auto, or an eps above the floor" in text  # what to do
     assert (f"eps_guard=clamp: using eps={1.1 * 0.025:.4g} (1.1 x the floor)" in text) == (guard == "clamp")
     assert ("eps_guard=off: kept" in text) == (guard == "off")
