@@ -105,7 +105,9 @@ def eps_change_text(change: dict[str, Any]) -> str:
     if change["guard"] == INFEASIBLE_BUDGET:
         return (f"{where}the infeasible-budget guard (`eps_guard: clamp`) raised eps {old} -> {new} = "
                 f"{e['factor']:g} x the floor {fmt(e['median_c_bar'], 4)} (median C_bar of {first}): the chosen eps "
-                "was below the floor.")
+                "was below the floor, which no policy can meet (unguarded, lambda climbs to lambda_max and DC-GRPO "
+                "acts as a constant penalty); train with `eps: auto` or an eps above the floor (the recommendation "
+                "above).")
     rollouts = e["rollouts"]
     span = f"the {len(rollouts)} updates of rollouts {rollouts[0]} to {rollouts[-1]}"
     halves = (f"the violation C_bar - eps did not halve ({fmt(e['violation_first_half'], 4)} in the first half, "

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import ConfigError
 from ..formatting import shell_command
@@ -29,7 +32,8 @@ def analyze_command(ns: argparse.Namespace) -> int:
         if Path(ns.directory).exists() and not Path(ns.directory).is_dir():
             raise DumpError(f"{ns.directory}: not a directory; give the --dump-details directory of a slime run")
         _check_outputs(out, json_path, create=Path(ns.directory).is_dir())
-        result = analyze_dumps(ns.directory, options)
+        with _warnings_on_stderr():
+            result = analyze_dumps(ns.directory, options)
         report = write_report(result, out, command=shell_command(["mismatch-ctrl", *ns.argv]))
         if json_path is not None:
             try:
@@ -64,6 +68,21 @@ def analyze_command(ns: argparse.Namespace) -> int:
         print(f"mismatch-ctrl analyze: {skipped}{refused_part}{counts['measured']} rollout(s) measured (the report's "
               "'Skipped files and notes' names each and the reason)", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _warnings_on_stderr() -> Iterator[None]:
+    """The package's warnings while the dumps are analysed (the replayed DC-GRPO's, e.g. an eps below the engine's
+    floor, once per run with why and what to do) on standard error, prefixed like the command's own."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("mismatch-ctrl analyze: warning: %(message)s"))
+    logger = logging.getLogger("mismatch_ctrl")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _id_list(ids: list[int], shown: int = 8) -> str:

@@ -41,6 +41,19 @@ def measured_c_bar(value: Any) -> float:
     return out
 
 
+def infeasible_budget_text(eps: float, floor: float, rollouts: int, s: DCGRPOSettings) -> str:
+    """The infeasible-budget warning, logged once per run when the floor is measured: the numbers, why the budget
+    cannot be met, what the guard does about it and what the user can do (ALGORITHMS.md section 2)."""
+    why = (f"DC-GRPO eps={eps:.4g} is below the rollout engine's discrepancy floor {floor:.4g} (median C_bar of the "
+           f"first {rollouts} rollouts, before RL moves the policy): no policy meets that budget; unguarded, lambda "
+           f"climbs to lambda_max={s.lambda_max:g} and DC-GRPO acts as a constant penalty.")
+    if s.eps_guard == "clamp":
+        act = f"eps_guard=clamp: using eps={s.eps_auto_factor * floor:.4g} ({s.eps_auto_factor:g} x the floor)."
+    else:
+        act = "eps_guard=off: kept."
+    return f"{why}\n  {act} To choose eps: eps: auto, or an eps above the floor (mismatch-ctrl analyze measures it)."
+
+
 class LagrangeController:
     """The multiplier ``lambda`` and the budget ``eps`` of DC-GRPO, updated once per rollout by dual ascent.
 
@@ -142,12 +155,7 @@ class LagrangeController:
             self._warn_if_no_budget("eps: auto")
         elif self.eps < floor:
             clamped = s.eps_auto_factor * floor
-            log.warning(
-                "DC-GRPO eps=%.4g is below the rollout engine's discrepancy floor %.4g (median C_bar of the first %d "
-                "rollouts): the budget is infeasible and lambda would climb to lambda_max. %s",
-                self.eps, floor, len(self.observed),
-                f"eps_guard=clamp: using eps={clamped:.4g}." if s.eps_guard == "clamp" else "eps_guard=off: kept.",
-            )
+            log.warning(infeasible_budget_text(self.eps, floor, len(self.observed), s))
             if s.eps_guard == "clamp":
                 self.eps = clamped
                 self._warn_if_no_budget("the infeasible-budget guard")

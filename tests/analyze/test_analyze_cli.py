@@ -162,3 +162,26 @@ def test_rollouts_read_without_a_refused_train_dump_are_said_on_the_console(tmp_
     err = capsys.readouterr().err
     assert "2 rollout(s) with a refused dump file read from their other dump (rollouts 1, 3), 2 rollout(s) " \
            "measured" in err and "skipped" not in err.split("(the report")[0]
+
+
+def test_an_eps_below_the_floor_is_explained_once_on_the_console_and_in_the_report(dumps, tmp_path, capsys,
+                                                                                    no_plots):
+    """The replayed DC-GRPO's infeasible-budget warning says why, what it means and what to do, once per run (not
+    per rollout), on standard error with the command's prefix; the report's eps change says it too."""
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(dumps), "--out", str(out), "--eps", "0.0001", "--arch", "moe"]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    at = [i for i, line in enumerate(lines) if "discrepancy floor" in line]
+    assert len(at) == 1, err
+    why, then = lines[at[0]], lines[at[0] + 1]
+    assert why.startswith("mismatch-ctrl analyze: warning: DC-GRPO eps=0.0001 is below the rollout engine's "
+                          "discrepancy floor")
+    assert "acts as a constant penalty" in why and "eps: auto, or an eps above the floor" in then
+    assert err.count("eps: auto, or an eps above the floor") == 1
+    report = (out / "report.md").read_text()
+    changes = [line for line in report.splitlines() if "infeasible-budget guard (`eps_guard: clamp`) raised" in line]
+    assert len(changes) == 1 and "acts as a constant penalty" in changes[0] and "`eps: auto`" in changes[0]
+    capsys.readouterr()
+    assert main(["analyze", str(dumps), "--out", str(tmp_path / "a2"), "--eps", "0.5", "--arch", "moe"]) == 0
+    assert "discrepancy floor" not in capsys.readouterr().err  # above the floor: nothing to explain

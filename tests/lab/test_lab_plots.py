@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from mismatch_ctrl.lab.model.quant import QUANT_MODES
 from mismatch_ctrl.lab.results import style
-from mismatch_ctrl.lab.results.frontier_plot import RING, write_frontier_plot, x_positions
+from mismatch_ctrl.lab.results.frontier_plot import write_frontier_plot, x_positions
 from mismatch_ctrl.lab.results.plots import write_plots
 from mismatch_ctrl.lab.results.stats import spread
 from mismatch_ctrl.lab.training.methods import method_names
@@ -159,7 +159,7 @@ def test_frontier_points_sit_at_their_engines_x(tmp_path, saved):
                 assert list(drawn.get_xdata()) == [x[p["dose"]] for p in found["points"]
                                                    if p["line"] == drawn.get_label()]
                 checked += 1
-    assert checked == 3 * 4 + 4  # three gap panels and the collapse panel, four lines each
+    assert checked == 3 * 4  # three gap panels, four lines each (the collapse table: test_lab_plots_glance.py)
 
 
 def test_frontier_lines_do_not_depend_on_the_order_of_the_points(tmp_path, saved):
@@ -170,7 +170,7 @@ def test_frontier_lines_do_not_depend_on_the_order_of_the_points(tmp_path, saved
     assert first.read_bytes() == second.read_bytes()
     again = write_frontier_plot(found, tmp_path / "c.png")
     assert first.read_bytes() == again.read_bytes()
-    legend = saved[-1].axes[-1].get_legend()
+    legend = saved[-1].axes[-1].get_legend()  # beside the collapse table, the gap panels' lines
     colours = {t.get_text(): to_hex(h.get_color()) for h, t in zip(legend.legend_handles, legend.get_texts())}
     assert colours["grpo"] == colours["grpo+r3"] == style.METHODS["grpo"][0] != colours["dcgrpo"]
 
@@ -191,7 +191,7 @@ def test_engine_names_on_the_top_axis_never_overprint(tmp_path, saved, doses):
         return [t for top in ax.child_axes for t in top.get_xticklabels() if t.get_visible() and t.get_text()]
 
     panels = [ax for ax in fig.axes if ax.child_axes]
-    assert len(panels) == 4
+    assert len(panels) == 3
     for ax in panels:  # every engine is named on every panel
         assert sorted(" / ".join(t.get_text().split("\n")[0] for t in shown(ax)).split(" / ")) == sorted(doses)
     labels = [t for ax in panels for t in shown(ax)]
@@ -225,29 +225,3 @@ def test_an_unknown_method_or_engine_gets_the_same_style_in_every_process():
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     here = style.run_style("my_new_method@e4m3+temp1.2+r3")
     assert outputs == {f"{here}\n"} and here["color"] in style.FALLBACK_COLOURS
-
-
-def test_lines_with_equal_collapse_rates_at_an_engine_nest_their_markers(tmp_path, saved):
-    """grpo and token_tis collapse at rate 0 on every engine, dcgrpo and grpo+r3 at 0.5 (``found_of``): at each such
-    point the line drawn first (in ``style.order_key`` order) gets its marker again beneath, larger, so both show; a
-    point of one line gets none."""
-    lines = ["grpo", "dcgrpo", "token_tis", "grpo+r3", "icepop"]
-    found = found_of(DOSES, lines)
-    for p in found["points"]:
-        if p["line"] == "icepop":
-            p["collapse_rate"] = 0.25  # alone at every engine
-    write_frontier_plot(found, tmp_path / "f.png")
-    ax = saved[-1].axes[-1]
-    x, _ = x_positions(found["doses"])
-    beneath = [(line.get_xdata()[0], line.get_ydata()[0], to_hex(line.get_color()), line.get_marker(),
-                line.get_markersize()) for line in ax.get_lines() if line.get_label().startswith("_")]
-    drawn = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
-    size = drawn["grpo"].get_markersize()
-    firsts = {rate: min(pair, key=style.order_key) for rate, pair in ((0.0, ("grpo", "token_tis")),
-                                                                        (0.5, ("dcgrpo", "grpo+r3")))}
-    want = [(x[dose], rate, to_hex(drawn[first].get_color()), drawn[first].get_marker(), size + RING)
-            for dose in DOSES for rate, first in firsts.items()]
-    assert sorted(beneath) == sorted(want)
-    assert all(z < drawn["grpo"].get_zorder() for z in (line.get_zorder() for line in ax.get_lines()
-                                                         if line.get_label().startswith("_")))
-    assert "nested markers: equal rates" in ax.get_title()

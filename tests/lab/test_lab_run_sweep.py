@@ -438,6 +438,7 @@ def test_a_run_reports_start_steps_and_its_warnings_as_events_and_returns_its_fi
     warned = [e[2] for e in events if e[0] == "warn"]
     assert all(e[1] == key for e in events)
     assert len(warned) == 2 and "below the rollout engine's discrepancy floor" in warned[1]
+    assert "acts as a constant penalty" in warned[1] and "eps: auto, or an eps above the floor" in warned[1]  # why
     assert "drift_window = 10 but --num-rollout is 5" in warned[0]  # the hook's init: a 5-rollout run
     assert {"run.json", "metrics.jsonl"} <= set(files) and any(name.startswith("state/") for name in files)
     assert len(files["metrics.jsonl"].decode().splitlines()) == 5 and summary["label"] == key[0]

@@ -148,14 +148,25 @@ def test_eps_auto_calibrates_then_starts_at_lambda_0(caplog):
 
 @pytest.mark.parametrize("guard, eps_after", [("clamp", 1.1 * 0.025), ("off", 0.001)])
 def test_infeasible_budget_guard(caplog, guard, eps_after):
-    ctrl = controller(eps=0.001, eps_guard=guard)
+    """One warning when the floor is measured, saying why (the numbers), what it means and what to do; none again
+    over the rollouts after it (the explanation is once per run, not per rollout)."""
+    ctrl = controller(eps=0.001, eps_guard=guard, drift_guard="off", lambda_max=2.0, eta=5.0)
     with caplog.at_level(logging.WARNING, logger="mismatch_ctrl.dcgrpo"):
         for c in (0.02, 0.03, 0.025):
             ctrl.update(c)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert ctrl.floor == pytest.approx(0.025) and ctrl.eps == pytest.approx(eps_after)
+        for _ in range(60):
+            ctrl.update(0.025)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "0.001" in warnings[0].getMessage() and "0.025" in warnings[0].getMessage()
-    assert ctrl.floor == pytest.approx(0.025) and ctrl.eps == pytest.approx(eps_after)
+    text = warnings[0]
+    assert "eps=0.001 is below the rollout engine's discrepancy floor 0.025 (median C_bar of the first 3" in text
+    assert "lambda climbs to lambda_max=2 and DC-GRPO acts as a constant penalty" in text  # what it means
+    assert len(text.splitlines()) == 2  # why, then what is done and what to do
+    assert "eps: auto, or an eps above the floor" in text  # what to do
+    assert (f"eps_guard=clamp: using eps={1.1 * 0.025:.4g} (1.1 x the floor)" in text) == (guard == "clamp")
+    assert ("eps_guard=off: kept" in text) == (guard == "off")
+    assert ctrl.lam == (2.0 if guard == "off" else 0.0)  # unguarded at lambda_max, as it says; clamped: C_bar < eps
 
 
 def test_no_guard_warning_when_eps_is_above_the_floor(caplog):

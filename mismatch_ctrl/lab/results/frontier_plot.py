@@ -1,8 +1,8 @@
 """``plots/frontier.png``: the frontier (``frontier.frontier``) drawn against the engines' measured mismatch. Every
-point sits exactly at its engine's x; lines are told apart by their style (``style.line_style``), markers of lines
-with equal collapse rates at one engine nest (``nested_markers``), and the engines' names on the top axis alternate
-between two rows, or nearly equal ones share a tick, where they would overprint (``dose_ticks``), measured on the
-rendered figure."""
+point's data x is its engine's; lines are told apart by their style (``style.line_style``), and the engines' names on
+the top axis alternate between two rows, or nearly equal ones share a tick, where they would overprint
+(``dose_ticks``), measured on the rendered figure. At each engine the lines' points and thin error bars stand side by
+side (``dodges``), and the collapsed seeds are a table of counts (``collapse_table``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 from ...regular_files import save_figure
 from .frontier import EXACT, GAPS
 from .stats import Spread
-from .style import LINE_NOTE, line_style, new_figure, order_key
+from .style import line_note, line_style, new_figure, order_key
 
 
 def x_positions(doses: dict[str, Spread]) -> tuple[dict[str, float], bool]:
@@ -99,37 +99,72 @@ def label_rows(fig: Any, axes: list[Any], pad: float = 4.0) -> Callable[[list[tu
     return fits
 
 
-RING = 6
-"""How much larger (in points) each nested marker is than the one inside it."""
+DODGE = 4.0
+"""Horizontal distance (points) between the lines' points at one engine: each line is shifted by a fixed multiple of
+it in every gap panel, so the error bars of one engine stand side by side instead of on one another."""
+BAR = {"elinewidth": 1.1, "capsize": 1.5, "capthick": 1.1}
+"""Error bars: thin, with caps narrower than :data:`DODGE` (a cap is ``2 capsize`` points wide), so neighbours'
+bars and caps never touch."""
 
 
-def nested_markers(lines: list[str], points: list[dict[str, Any]]) -> dict[str, list[tuple[str, float, int]]]:
-    """Where lines share a collapse rate at one engine (their markers would hide each other): for each such line but
-    the last drawn, ``(dose, rate, k)``: its marker is drawn again beneath, :data:`RING` x k larger, k the number of
-    lines drawn after it there, so the markers nest (the first line outermost) and every line's shows."""
-    sharing: dict[tuple[str, float], list[str]] = {}
-    for line in lines:
-        for p in points:
-            if p["line"] == line:
-                sharing.setdefault((p["dose"], p["collapse_rate"]), []).append(line)
-    out: dict[str, list[tuple[str, float, int]]] = {}
-    for (dose, rate), shared in sharing.items():
-        for k, line in enumerate(shared[:-1]):
-            out.setdefault(line, []).append((dose, rate, len(shared) - 1 - k))
-    return out
+def dodges(lines: list[str], step: float = DODGE) -> dict[str, float]:
+    """Each line's horizontal shift in points: ``(i - (n - 1) / 2) step`` for the ``i``-th of ``n`` lines (in
+    ``order_key`` order), centred on the engine's x."""
+    return {line: (i - (len(lines) - 1) / 2) * step for i, line in enumerate(lines)}
+
+
+def _shifted(ax: Any, points: float) -> Any:
+    """``ax``'s data transform moved ``points`` to the right on the rendered figure (data x unchanged)."""
+    from matplotlib.transforms import ScaledTranslation
+
+    return ax.transData + ScaledTranslation(points / 72, 0, ax.figure.dpi_scale_trans)
+
+
+def collapse_table(ax: Any, lines: list[str], points: list[dict[str, Any]], order: list[str]) -> None:
+    """The share of seeds that collapsed as a table: one row per line (``lines`` order, its name in its colour), one
+    column per engine (``order``: by measured mismatch), each cell ``k/n`` shaded by ``k/n``; ``-`` where the line
+    did not run on that engine. A table, not markers: equal rates at one engine never hide each other."""
+    import numpy as np
+
+    cells = {(p["line"], p["dose"]): p for p in points}
+    rates = np.full((len(lines), len(order)), np.nan)
+    for (i, line), (j, dose) in itertools.product(enumerate(lines), enumerate(order)):
+        p = cells.get((line, dose))
+        if p is not None:
+            rates[i, j] = p["collapse_rate"]
+            k = round(p["collapse_rate"] * p["seeds"])
+            ax.text(j, i, f"{k}/{p['seeds']}", ha="center", va="center", fontsize=8,
+                    color="white" if p["collapse_rate"] > 0.6 else "black")
+        else:
+            ax.text(j, i, "-", ha="center", va="center", fontsize=8, color="0.5")
+    ax.imshow(np.ma.masked_invalid(rates), cmap="Reds", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(order)), order, fontsize=8, rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(len(lines)), lines, fontsize=8)
+    for label, line in zip(ax.get_yticklabels(), lines):
+        label.set_color(line_style(line)["color"])
+    ax.set_xticks(np.arange(len(order) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(lines) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", lw=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_title("seeds that collapsed (k/n), engines by early C_bar", fontsize=9)
 
 
 def frontier_figure(found: dict[str, Any]) -> Any:
     """The frontier's figure: per ``GAPS`` quantity the paired gap against the exact engine (mean, 95% t interval as
-    an error bar) against the dose's measured mismatch on a log axis, one line per method (``style.line_style``) with
-    every point at its dose's x, and the collapse rate; the top axis names the doses."""
+    a thin error bar) against the dose's measured mismatch on a log axis, one line per method (``style.line_style``)
+    with every point at its dose's x, drawn :data:`DODGE` points apart per line (``dodges``); then the collapsed
+    seeds as a table (``collapse_table``); the gap panels' top axis names the doses."""
     x, broken = x_positions(found["doses"])
     lines = sorted({p["line"] for p in found["points"]}, key=order_key)
-    fig = new_figure(100, figsize=(5.2 * (len(GAPS) + 1) + 2.2, 4.6))
-    axes = fig.subplots(1, len(GAPS) + 1, sharex=True)
+    shift = dodges(lines)
+    fig = new_figure(100, figsize=(5.2 * len(GAPS) + 0.45 * len(x) + 3.4, 4.6))
+    axes = list(fig.subplots(1, len(GAPS) + 1, width_ratios=[5.2] * len(GAPS) + [0.45 * len(x) + 1.2]))
+    gap_axes = axes[:-1]
+    for ax in gap_axes[1:]:
+        ax.sharex(gap_axes[0])
     references = sorted({p["reference"] for p in found["points"] if p["reference"]})
     exact = [dose for dose in x if dose == EXACT]
-    for ax, (key, name) in zip(axes, GAPS):
+    for ax, (key, name) in zip(gap_axes, GAPS):
         ax.axhline(0.0, color="0.3", lw=1, ls="--")
         if exact and references:
             ax.plot([x[EXACT]], [0.0], marker="D", ms=7, color="k", ls="none", label="exact engine (reference)")
@@ -140,27 +175,18 @@ def frontier_figure(found: dict[str, Any]) -> Any:
             gaps = [p["gaps"][key] for p in pts]
             err = [[g.mean - g.low if g.low is not None else 0.0 for g in gaps],
                    [g.high - g.mean if g.high is not None else 0.0 for g in gaps]]
-            drawn = ax.errorbar([x[p["dose"]] for p in pts], [g.mean for g in gaps], yerr=err, elinewidth=4,
-                                capsize=6, capthick=1.4, label=line, **line_style(line))
-            for bars in drawn[2]:  # wide translucent bars: overlapping intervals stay readable at the same x
-                bars.set_alpha(0.3)
+            drawn = ax.errorbar([x[p["dose"]] for p in pts], [g.mean for g in gaps], yerr=err, label=line,
+                                **BAR, **line_style(line))
+            moved = _shifted(ax, shift[line])
+            for artist in (drawn[0], *drawn[1], *drawn[2]):
+                artist.set_transform(moved)
         ax.set_title(f"{name}: run - exact engine, paired per seed", fontsize=9)
         ax.set_ylabel(f"{name} gap")
-    ax = axes[-1]
-    rings = nested_markers(lines, found["points"])
-    for line in lines:
-        pts = [p for p in found["points"] if p["line"] == line]
-        ax.plot([x[p["dose"]] for p in pts], [p["collapse_rate"] for p in pts], label=line, **line_style(line))
-        drawn = line_style(line)
-        for dose, rate, outside in rings.get(line, []):  # beneath every line: the smaller markers stay on top
-            ax.plot([x[dose]], [rate], zorder=1.5 - outside / 100, clip_on=False,
-                    **{**drawn, "ms": drawn["ms"] + RING * outside, "ls": "none"})
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title("share of seeds that collapsed" + (" (nested markers: equal rates)" if rings else ""), fontsize=9)
-    ax.set_ylabel("collapse rate")
+    order = sorted(x, key=lambda dose: (found["doses"][dose].mean, dose))
+    collapse_table(axes[-1], lines, found["points"], order)
     seeds = sorted({p["seeds"] for p in found["points"]})
     log = min(x.values()) > 0  # every engine measured at 0 (a degenerate lab): a linear axis
-    for ax in axes:
+    for ax in gap_axes:
         ax.set_xscale("log" if log else "linear")
         ax.set_xlabel("early C_bar of the engine" + (" (log" + (", broken at //)" if broken else ")") if log else ""))
         ax.grid(alpha=0.3, which="both")
@@ -168,16 +194,15 @@ def frontier_figure(found: dict[str, Any]) -> Any:
             ax.set_xlim(min(x.values()) / 2, max(x.values()) * 2)
             ax.text(min(x.values()) * 2.2, 0.0, "//", transform=ax.get_xaxis_transform(), ha="center",
                     va="center", fontsize=12, clip_on=False, bbox={"color": "white", "pad": 0})
-    exact_handles = [h for h, label in zip(*axes[0].get_legend_handles_labels()) if label.startswith("exact")]
-    handles, labels = axes[-1].get_legend_handles_labels()
-    axes[-1].legend(exact_handles + handles, ["exact engine (reference)"][:len(exact_handles)] + labels,
-                    loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9, alignment="left",
-                    title=f"mean, bar: 95% t interval\nseeds per run: {'/'.join(map(str, seeds))}\n"
-                          f"reference: {', '.join(references) or 'none run'}\n"
-                          f"{LINE_NOTE}", title_fontsize=8)
+    handles, labels = gap_axes[0].get_legend_handles_labels()
+    axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.04, 1.0), frameon=False, fontsize=9,
+                    alignment="left", title=f"mean, bar: 95% t interval\nseeds per run: {'/'.join(map(str, seeds))}\n"
+                                            f"reference: {', '.join(references) or 'none run'}\n"
+                                            f"{line_note(lines)};\nat each engine side by side, in this order",
+                    title_fontsize=8)
     names = {dose: f"{dose}\n({found['doses'][dose].mean:.1e})" if broken and x[dose] != found["doses"][dose].mean
              else dose for dose in x}
-    dose_ticks(x, names, label_rows(fig, list(axes)))
+    dose_ticks(x, names, label_rows(fig, gap_axes))
     return fig
 
 

@@ -4,7 +4,9 @@ else one small panel per run (``*_by_run.png``); flipped and unflipped discrepan
 setting or counter that is the same constant in every run (a flat learning rate, no rejections); legends outside the
 data; log axes span the exact engine too. Every run is drawn in its own style (``style.run_style``: colour per
 method, line style per engine, hollow markers for ``+r3``), the same whichever runs a plot shows; runs are drawn and
-listed in the caller's order of ``runs``. ``render`` makes the figures, ``write_plots`` saves them."""
+listed in the caller's order of ``runs``. Titles and legends name only what is drawn: the DC-GRPO eps line, the
+min-max band, the parts of the style rule the runs shown use (``style.legend_note``). ``render`` makes the figures,
+``write_plots`` saves them."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from ...regular_files import save_figure
 from ...smoothing import moving_average
-from .style import LEGEND_NOTE, new_figure, run_style
+from .style import legend_note, new_figure, run_style
 
 Runs = dict[str, dict[int, list[dict[str, Any]]]]
 """label -> seed -> the run's per-rollout records."""
@@ -46,8 +48,7 @@ PLOTS = (
     Plot("reward", "reward", "training reward", 10, optional=False),
     Plot("eval_accuracy", "eval_acc_engine", "held-out greedy accuracy of the rollout engine (deployed)",
          optional=False),
-    Plot("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout| (wide faint: DC-GRPO eps)", 5,
-         log=True, optional=False),
+    Plot("discrepancy", "discrepancy", "discrepancy C_bar = mean |p_train - p_rollout|", 5, log=True, optional=False),
     Plot("routing_flip_fraction", "routing_flip_fraction", "share of response tokens whose expert set flipped", 5),
     Plot("lambda", "lambda", "DC-GRPO multiplier lambda", keep=lambda first: DCGRPO_KEY in first),
     Plot("lr", "train/lr", "learning rate"),
@@ -130,13 +131,20 @@ def far_below(curves: list[tuple[str, Curve, Curve]]) -> set[str]:
     return set()
 
 
+EPS_NOTE = "wide faint: DC-GRPO eps"
+"""Said in the discrepancy panel's title only when it draws a run's eps."""
+BAND_NOTE = "shaded: min-max over seeds"
+"""Said in a legend's title only when a band is drawn."""
+
+
 def _draw(ax: Any, plot: Plot, curves: list[tuple[str, Curve, Curve]], styles: dict[str, dict[str, Any]],
-          eps: dict[str, Curve]) -> None:
-    """One quantity on one axis: smoothed means, raw means faint, bands only for few runs, eps as a wide faint line;
-    on a log axis, runs far below the others (``far_below``) on a strip under a break."""
+          eps: dict[str, Curve]) -> bool:
+    """One quantity on one axis: smoothed means, raw means faint (in the run's line style), bands only for few runs,
+    eps as a wide faint line (named in the title only when one is drawn); on a log axis, runs far below the others
+    (``far_below``) on a strip under a break. Returns whether a band was drawn."""
     same = twins([(label, smooth) for label, smooth, _ in curves])
     low_runs = far_below(curves) if plot.log else set()
-    strip = None
+    strip, banded, notes = None, False, []
     if low_runs:
         import matplotlib.ticker
         from mpl_toolkits.axes_grid1 import make_axes_locatable
@@ -146,16 +154,19 @@ def _draw(ax: Any, plot: Plot, curves: list[tuple[str, Curve, Curve]], styles: d
         target = strip if label in low_runs else ax
         color = styles[label]["color"]
         if plot.window > 1:
-            target.plot(rx, rmean, color=color, lw=0.7, alpha=0.3)
+            target.plot(rx, rmean, color=color, ls=styles[label]["ls"], lw=0.7, alpha=0.3)
         target.plot(x, mean, label=f"{label} (= {same[label]})" if label in same else label, **styles[label])
         if plot.name == "eval_accuracy":
             target.plot(x[-1:], mean[-1:], marker="o", ms=4, color=color)
         if len(curves) <= MAX_BANDS and low != high:
             target.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
+            banded = True
         if label in eps and eps[label][0]:
             target.plot(eps[label][0], eps[label][1], color=color, lw=5, alpha=0.25, solid_capstyle="butt")
-    smoothed = f" ({plot.window}-rollout moving average; faint: raw)" if plot.window > 1 else ""
-    ax.set_title(plot.title + smoothed, fontsize=9)
+            notes += [] if EPS_NOTE in notes else [EPS_NOTE]
+    if plot.window > 1:
+        notes.append(f"{plot.window}-rollout moving average; faint: raw")
+    ax.set_title(plot.title + (f" ({'; '.join(notes)})" if notes else ""), fontsize=9)
     _finish(ax, plot.log)
     if strip is not None:
         _finish(strip, True)
@@ -167,6 +178,7 @@ def _draw(ax: Any, plot: Plot, curves: list[tuple[str, Curve, Curve]], styles: d
             axis.plot([0, 1], [y, y], transform=axis.transAxes, color="k", lw=0.8, ls=(0, (3, 3)), clip_on=False)
         strip.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         strip.yaxis.set_major_locator(matplotlib.ticker.LogLocator(numticks=3))
+    return banded
 
 
 def _finish(ax: Any, log: bool) -> None:
@@ -177,7 +189,7 @@ def _finish(ax: Any, log: bool) -> None:
 
 
 def _draw_split(ax: Any, curves: dict[str, list[tuple[str, Curve, Curve]]], styles: dict[str, dict[str, Any]]
-                ) -> None:
+                ) -> bool:
     """Flipped (bold) and unflipped (thin) discrepancy of each run with routing flips on one log panel; the legend
     gives their ratio."""
     unflipped = {label: smooth for label, smooth, _ in curves[SPLIT[1]]}
@@ -191,6 +203,7 @@ def _draw_split(ax: Any, curves: dict[str, list[tuple[str, Curve, Curve]]], styl
     ax.set_title("mean |p_train - p_rollout| of tokens whose routing flipped (bold) / did not (thin); "
                  "5-rollout m.a.", fontsize=9)
     _finish(ax, True)
+    return False
 
 
 def render(runs: Runs) -> list[tuple[str, Any]]:
@@ -206,11 +219,10 @@ def render(runs: Runs) -> list[tuple[str, Any]]:
     split = {key: [c for c in curves_of(runs, key, 5) if any(v > 0 for v in c[1][1])] for key in SPLIT}
     eps = {label: smooth for label, smooth, _ in curves_of(runs, "eps", 1) if "discrepancy" in drawn}
 
-    def draw(ax: Any, name: str) -> None:
+    def draw(ax: Any, name: str) -> bool:
         if name == SPLIT_NAME:
-            _draw_split(ax, split, styles)
-        else:
-            _draw(ax, specs[name], drawn[name], styles, eps if name == "discrepancy" else {})
+            return _draw_split(ax, split, styles)
+        return _draw(ax, specs[name], drawn[name], styles, eps if name == "discrepancy" else {})
 
     names = list(drawn) + ([SPLIT_NAME] if split[SPLIT[0]] else [])
     order = {label: i for i, label in enumerate(runs)}  # legends list runs in the caller's order (strips too)
@@ -218,12 +230,14 @@ def render(runs: Runs) -> list[tuple[str, Any]]:
     for name in names:
         fig = new_figure(110, figsize=(9, 4.5))
         ax = fig.subplots()
-        draw(ax, name)
+        banded = draw(ax, name)
         found = {label: h for axis in fig.axes for h, label in zip(*axis.get_legend_handles_labels())}
         found = {text: found[text] for text in sorted(found, key=lambda text: order[text.split(" ")[0].rstrip(",")])}
+        shown = [text.split(" ")[0].rstrip(",") for text in found]
         ax.legend(list(found.values()), list(found), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                   frameon=False, title_fontsize=8, alignment="left",
-                  title=("run, flipped / unflipped\n" if name == SPLIT_NAME else "") + LEGEND_NOTE)
+                  title="\n".join((["run, flipped / unflipped"] if name == SPLIT_NAME else []) +
+                                  ([BAND_NOTE] if banded else []) + [legend_note(shown)]))
         figures.append((name, fig))
     several = any(len(seeds) > 1 for seeds in runs.values())
     if several and len(runs) > MAX_BANDS:
@@ -234,14 +248,13 @@ def render(runs: Runs) -> list[tuple[str, Any]]:
     rows = (len(panels) + 2) // 2
     overview = new_figure(90, figsize=(14, 4 * rows))
     axes = overview.subplots(rows, 2, squeeze=False)
-    for name, ax in zip(panels, axes.flat):
-        draw(ax, name)
+    banded = [draw(ax, name) for name, ax in zip(panels, axes.flat)]
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles = [Line2D([], [], **styles[label]) for label in runs]
-    title = "mean over seeds" + (f"; band: min-max (<= {MAX_BANDS} runs)" if several else " (one seed)")
+    title = ("mean over seeds" + (f"; {BAND_NOTE}" if any(banded) else "") if several else "one seed per run")
     axes.flat[-1].legend(handles, list(runs), loc="center", fontsize=11, frameon=False, title_fontsize=10,
-                         alignment="left", title=f"{title}\n{LEGEND_NOTE}")
+                         alignment="left", title=f"{title}\n{legend_note(list(runs))}")
     overview.tight_layout()
     return [("overview", overview), *figures]
 

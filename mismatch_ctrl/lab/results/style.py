@@ -85,7 +85,7 @@ FALLBACK_DASHES = ((0, (3, 3)), (0, (8, 2, 1, 2, 1, 2, 1, 2)), (0, (2, 4)), (0, 
 
 WIDTH = 1.6
 """Line width of every run's curve and every frontier line."""
-R3_SPACING = 0.09
+R3_SPACING = 0.06
 """Distance between the markers of a ``+r3`` curve, as a fraction of the axes' diagonal."""
 
 
@@ -145,10 +145,23 @@ def order_key(label: str) -> tuple[int, str, bool, str]:
     return rank, method, replay, engine or ""
 
 
-LEGEND_NOTE = "colour: method, line: engine (dotted: exact), hollow markers: +r3"
-"""The rule in one line, for a legend's title."""
-LINE_NOTE = "colour, marker: method; hollow, dashed: +r3"
-"""The rule for frontier lines in one line, for a legend's title."""
+def legend_note(labels: list[str]) -> str:
+    """The rule in one line, for the legend of the runs ``labels``: only what those runs show (the line style only
+    when they span several engines, ``dotted: exact`` only with the exact engine, hollow markers only with a ``+r3``
+    run)."""
+    parsed = [parse(label) for label in labels]
+    engines = {engine for _, engine, _ in parsed}
+    parts = ["colour: method"]
+    if len(engines) > 1:
+        parts.append("line: engine" + (" (dotted: exact)" if "none" in engines else ""))
+    if any(replay for *_, replay in parsed):
+        parts.append("hollow markers: +r3")
+    return ", ".join(parts)
+
+
+def line_note(lines: list[str]) -> str:
+    """The rule for the frontier lines ``lines`` in one line: hollow and dashed only named with a ``+r3`` line."""
+    return "colour, marker: method" + ("; hollow, dashed: +r3" if any(parse(line)[2] for line in lines) else "")
 
 
 def new_figure(dpi: int, **kwargs: Any) -> Any:
