@@ -112,7 +112,8 @@ def test_training_is_ours_through_the_slime_hook(tmp_path):
     Trainer(RunSpec.parse("token_tis", "e5m2"), LabSettings(**SETTINGS), policy_state(), tmp_path / "slime").run()
     slime = records(tmp_path / "slime" / "metrics.jsonl")
     assert "train/mismatch_ctrl/is_weight_mean" in slime[0]
-    assert all(set(a) <= set(b) for a, b in zip(slime, rows))  # the verl run logs all the slime run logs
+    # the verl run logs all the slime run logs but the slime hook's guard of slime's rewards (verl computes its own)
+    assert all(set(a) - set(b) == {"nonfinite_reward_fraction"} for a, b in zip(slime, rows))
     worst = differences(slime, rows)
     assert len(worst) > 50 and max(worst.values()) <= 1e-5, max(worst.items(), key=lambda kv: kv[1])
 
