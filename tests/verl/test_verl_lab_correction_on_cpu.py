@@ -17,7 +17,6 @@ from mismatch_ctrl.lab.sweeps.verl_compare import differences
 from mismatch_ctrl.lab.training import methods, verl_correction
 from mismatch_ctrl.lab.training.methods import RunSpec
 from mismatch_ctrl.lab.training.settings import LabSettings
-from mismatch_ctrl.lab.training.trainer import Trainer
 from mismatch_ctrl.lab.training.verl_trainer import VerlTrainer
 from mismatch_ctrl.verl_vocabulary import PRESET_KEYS
 from test_verl_lab_on_cpu import policy_state, records
@@ -105,51 +104,35 @@ def test_icepops_out_of_band_tokens_are_reported(tmp_path, monkeypatch):
     assert all(g["keep_differs"] == g["kept_by_verl_only"] > 0 for g in gaps)
 
 
-def test_training_is_ours_through_the_slime_hook(tmp_path):
-    """Everything both runs log agrees: the verl run trained with our correction as the slime run did."""
-    _, rows = run_verl(tmp_path, "token_tis")
-    torch.manual_seed(0)
-    Trainer(RunSpec.parse("token_tis", "e5m2"), LabSettings(**SETTINGS), policy_state(), tmp_path / "slime").run()
-    slime = records(tmp_path / "slime" / "metrics.jsonl")
-    assert "train/mismatch_ctrl/is_weight_mean" in slime[0]
-    # the verl run logs all the slime run logs but the slime hook's guard of slime's rewards (verl computes its own)
-    assert all(set(a) - set(b) == {"nonfinite_reward_fraction"} for a, b in zip(slime, rows))
-    worst = differences(slime, rows)
-    assert len(worst) > 50 and max(worst.values()) <= 1e-5, max(worst.items(), key=lambda kv: kv[1])
-
-
-def test_a_planted_discrepancy_is_reported(tmp_path, monkeypatch):
-    """verl's threshold 1.005 against our 2.0: tokens with 1.005 < rho weigh differently, and the gap says by how
-    much."""
-    planted = {**PRESET_KEYS["token_tis"], "rollout_is_threshold": 1.005}
-    monkeypatch.setattr(verl_correction, "correction_keys", lambda config: planted)
-    out, rows = run_verl(tmp_path, "token_tis")
-    gaps = check_reported(out, rows, None, planted)
-    assert max(g["weight_abs_max"] for g in gaps) > 0.005
-    assert all(g["keep_differs"] == 0 for g in gaps)
-
-
 @pytest.mark.parametrize("method", ["seq_mis", "geo_mis"])
 def test_a_preset_verl_cannot_express_is_refused_by_name(tmp_path, method):
     with pytest.raises(ValueError, match=f"'{method}'.*no verl 0.9.1 equivalent.*nearest"):
         VerlTrainer(RunSpec.parse(method, "e4m3"), LabSettings(**SETTINGS), policy_state(), tmp_path)
 
 
-def test_verl_compare_reports_the_gap_and_exits_on_the_shared_numbers_only(tmp_path, capsys, monkeypatch):
+def test_a_planted_discrepancy_is_reported_and_training_stays_ours(tmp_path, capsys, monkeypatch):
+    """``verl_compare`` with verl's threshold planted at 1.005 against our 2.0: tokens with 1.005 < rho weigh
+    differently, the gap says by how much (recomputed here), the summary prints it and does not fail on it; and every
+    number both runs log agrees (exit 0): the verl run trained with our correction as the slime run did."""
     from mismatch_ctrl.lab.sweeps import verl_compare
 
-    monkeypatch.setattr(verl_compare, "warmup_policy", lambda preset: type("W", (), {"policy": _policy()})())
     planted = {**PRESET_KEYS["token_tis"], "rollout_is_threshold": 1.005}
     monkeypatch.setattr(verl_correction, "correction_keys", lambda config: planted)
+    monkeypatch.setattr(verl_compare, "warmup_policy", lambda preset: type("W", (), {"policy": _policy()})())
     monkeypatch.setattr(verl_compare, "LabSettings", lambda **kw: LabSettings(**{**SETTINGS, **kw}))
-    code = verl_compare.main(["--method", "token_tis", "--quant", "e5m2", "--steps", "2", "--seed", "261",
-                              "--out", str(tmp_path)])
+    code = verl_compare.main(["--method", "token_tis", "--quant", "e5m2", "--steps", str(SETTINGS["steps"]),
+                              "--seed", str(SETTINGS["seed"]), "--out", str(tmp_path)])
     text = capsys.readouterr().out
-    assert code == 0, text
-    assert "correction token_tis" in text and "verl 0.9.1" in text
-    rows = records(tmp_path / "verl" / "metrics.jsonl")
-    worst = max(r["correction_gap/weight_abs_max"] for r in rows)
-    assert worst > 0.005 and f"{worst:.3g}" in text
+    assert code == 0 and "the adapters agree" in text, text
+    slime, rows = records(tmp_path / "slime" / "metrics.jsonl"), records(tmp_path / "verl" / "metrics.jsonl")
+    assert "train/mismatch_ctrl/is_weight_mean" in slime[0]  # our correction's metrics, from the slime hook
+    # the verl run logs all the slime run logs but the slime hook's guard of slime's rewards (verl computes its own)
+    assert all(set(a) - set(b) == {"nonfinite_reward_fraction"} for a, b in zip(slime, rows))
+    assert len(differences(slime, rows)) > 50
+    gaps = check_reported(tmp_path / "verl", rows, None, planted)
+    worst = max(g["weight_abs_max"] for g in gaps)
+    assert worst > 0.005 and all(g["keep_differs"] == 0 for g in gaps)
+    assert "correction token_tis: verl 0.9.1's own against ours" in text and f"at most {worst:.3g}" in text
 
 
 def _policy():
