@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Warm up a tiny transformer (mixture-of-experts by default) on a verifiable task (cached), then "
                     "train it with GRPO from rollouts of an FP8-quantised copy, once per method and seed, calling "
                     "mismatch_ctrl's slime hooks as slime does. Writes OUT/report.md, OUT/summary.json, "
-                    "OUT/plots/*.png and OUT/<run>/seed<k>/metrics.jsonl.")
+                    "OUT/plots/*.png and OUT/<run>/seed<k>/metrics.jsonl.",
+        epilog="The same run through the verl adapter, beside the slime one (needs make verl-venv): "
+               ".venv-verl/bin/python -m mismatch_ctrl.lab.sweeps.verl_compare --help")
     presets = "; ".join(f"{name}: " + (", ".join(f"{k} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
                                                  for k, v in values.items()).replace(",", ", ") or "the defaults")
                         for name, values in sorted(options.LAB_PRESETS.items()))

@@ -1,7 +1,7 @@
 """The lab through the verl adapter matches the lab through the slime hooks run for run (same seed, same policy,
 same engine) for the methods whose computation the adapters own: GRPO, and DC-GRPO with length decay (T_d = 1, so the
 factor halves every rollout). The strongest check that the two adapters share one core: every logged number of
-every rollout agrees to float tolerance."""
+every rollout agrees to float tolerance. (A correction preset: ``test_verl_lab_correction_on_cpu.py``.)"""
 
 from __future__ import annotations
 
@@ -62,7 +62,3 @@ def test_lab_through_verl_matches_the_slime_run(tmp_path, monkeypatch, method, q
         assert [r["lr_scale"] for r in runs["verl"]] == [1.0, 0.5, 0.25, 0.125]
         assert runs["verl"][-1]["train/lr"] == pytest.approx(1e-3 * 0.125)  # LabSettings.lr
 
-
-def test_a_correction_preset_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="computed by verl in its loss"):
-        VerlTrainer(RunSpec.parse("token_tis", "e4m3"), LabSettings(**SETTINGS), policy_state(), tmp_path)

@@ -94,13 +94,19 @@ they are not run there; add them with ``--methods`` if wanted."""
 
 
 class UnbrokenNamesHelpFormatter(argparse.HelpFormatter):
-    """argparse's help formatter, wrapping only at spaces: names such as ``e4m3-w`` or ``dcgrpo_tight_noguard``
-    never break across lines."""
+    """argparse's help formatter, wrapping only at spaces (the options' help, the description and the epilog): names
+    such as ``e4m3-w`` or ``dcgrpo_tight_noguard`` never break across lines."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         import textwrap
 
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=False)
 
 
 MAX_COUNT = 2**53

@@ -5,8 +5,12 @@ with ``.venv-verl/bin/python``).
 
     .venv-verl/bin/python -m mismatch_ctrl.lab.sweeps.verl_compare --method dcgrpo --steps 20 --out runs/verl-compare
 
-Methods: those whose computation the adapter owns (GRPO, DC-GRPO, length decay, their variants); exit 0 when every
-number agrees to ``--rtol``, 1 otherwise, naming the first that does not.
+Methods: those whose computation the adapter owns (GRPO, DC-GRPO, length decay, their variants), and the correction
+presets verl computes natively (``token_tis``, ``icepop``): both runs train with our correction (the slime hook), and
+the verl run also computes verl's own correction on each rollout's batch and logs how far it lies from ours
+(:mod:`~mismatch_ctrl.lab.training.verl_correction`); that gap is printed, never judged. A preset verl cannot express
+is refused by name (exit 2). Exit 0 when every number both runs logged agrees to ``--rtol``, 1 otherwise, naming the
+first that does not.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..model.policy import POLICY_KINDS
 from ..model.warmup import warmup_policy, warmup_preset
-from ..training.methods import RunSpec
+from ..training.methods import RunSpec, method_section
 from ..training.settings import LabSettings
 from ..training.trainer import Trainer
 
@@ -44,10 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="dense", choices=("dense", "moe"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=260)
-    parser.add_argument("--rtol", type=float, default=1e-5)
+    parser.add_argument("--rtol", type=float, default=1e-5,
+                        help="largest relative difference allowed between the numbers both runs log (default 1e-5); "
+                             "verl's correction against ours is reported, not held to it")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from ..training.verl_trainer import VerlTrainer  # imports verl
+    from ..training.verl_correction import GAP, gap_report, native_correction  # imports verl
+    from ..training.verl_trainer import VerlTrainer
+
+    try:
+        native_correction(method_section(args.method), POLICY_KINDS[args.policy].get("n_experts", 0))
+    except ValueError as exc:
+        parser.error(f"--method {args.method}: {exc}")
 
     settings = LabSettings(steps=args.steps, seed=args.seed, policy=args.policy)
     warm = warmup_policy(warmup_preset(settings.task, settings.policy, args.seed))
@@ -63,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [key for key, diff in worst.items() if not diff <= args.rtol]
     print(f"{len(worst)} metrics over {args.steps} rollouts: " +
           ("the adapters agree" if not bad else f"{len(bad)} differ beyond {args.rtol:g}, first {bad[0]}"))
+    if any(key.startswith(GAP) for key in runs["verl"][0]):
+        print(gap_report(runs["verl"], args.method))
     return 0 if not bad else 1
 
 

@@ -14,9 +14,12 @@ Per rollout:
    (:func:`~mismatch_ctrl.verl.lr.apply_lr_scale`, as the adapter's worker does), runs the lab's optimizer steps and
    steps the scheduler once, after the last, as verl's worker does.
 
-Only methods whose computation the adapter owns run here (GRPO, DC-GRPO, length decay): with the same seed they give
-:class:`Trainer`'s run through the slime hooks, run for run (``tests/verl/test_verl_lab_on_cpu.py``). A correction
-preset is refused: verl computes those itself, in its loss, which the lab does not reproduce.
+For the methods whose computation the adapter owns (GRPO, DC-GRPO, length decay) the run gives :class:`Trainer`'s
+run through the slime hooks, run for run, with the same seed (``tests/verl/test_verl_lab_on_cpu.py``). A correction
+preset verl computes natively trains with ours, through the slime hook as every lab run (the adapter gets the method
+without it: on a cluster verl would apply its own); on each rollout's batch verl's own correction is computed beside
+it, and how far verl's result lies from ours is logged (:mod:`.verl_correction`,
+``tests/verl/test_verl_lab_correction_on_cpu.py``). A preset verl cannot express is refused by name.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
 import yaml
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 from verl.utils.torch_functional import get_constant_schedule_with_warmup
 
-from ...config import build_config
 from ...verl.launch import compose
 from ...verl.lr import apply_lr_scale
 from ...verl.recipe import CONFIG_NAME
@@ -39,6 +42,7 @@ from ...verl.transport import LocalTransferQueue
 from ...verl.workers import LR_SCALE_KEY
 from .methods import method_section
 from .trainer import PREFIX, Trainer
+from .verl_correction import correction_gap, native_correction
 
 
 class PerUpdate:
@@ -53,9 +57,12 @@ class VerlTrainer(Trainer):
 
     def start_hooks(self) -> None:
         section = method_section(self.spec.method)
-        if build_config(section, num_experts=self.policy.config.n_experts).correction.active:
-            raise ValueError(f"method {self.spec.method!r}: a correction preset is computed by verl in its loss, which "
-                             "the lab through verl does not run; use GRPO, DC-GRPO or length decay here")
+        try:
+            self.correction = native_correction(section, self.policy.config.n_experts)
+        except ValueError as exc:
+            raise ValueError(f"method {self.spec.method!r}: {exc}") from None
+        if self.correction is not None:  # ours trains (the slime hook); verl's is computed beside it (advantages)
+            section = {key: value for key, value in section.items() if key != "correction"}
         folder = self.out_dir / "verl"
         folder.mkdir(parents=True, exist_ok=True)
         method = folder / "method.yaml"
@@ -98,6 +105,11 @@ class VerlTrainer(Trainer):
             self.verl._compute_advantage(meta, metrics)
         data["advantages"] = [self.queue.rows[key]["advantages"] for key in meta.keys]
         data["returns"] = list(data["advantages"])
+        if self.correction is not None:
+            gap = correction_gap(*self.correction, data["response_lengths"], torch.cat(data["log_probs"]),
+                                 torch.cat(data["rollout_log_probs"]), torch.cat(data["loss_masks"]),
+                                 self.verl.mismatch_ctrl.config.nonfinite)
+            metrics.update({PREFIX + name: value for name, value in gap.items()})
         data.update({name: [value] for name, value in metrics.items() if name.startswith(PREFIX)})
 
     def train_rollout(self, step: int, data: dict[str, Any], rollout: Any) -> dict[str, float]:
@@ -116,5 +128,7 @@ class VerlTrainer(Trainer):
         return None  # the factor is applied once per update, before its mini-batches (update_actor)
 
     def correct(self, **kwargs: Any) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
+        if self.correction is not None:
+            return super().correct(**kwargs)  # ours, through the slime hook
         return kwargs["pg_loss"], kwargs["loss_masks"], {}  # no correction: verl's loss weighs nothing
 
