@@ -39,7 +39,7 @@ def _digest(dump: RolloutDump) -> str | None:
     digest = hashlib.sha256(repr((dump.response_lengths, dump.rewards, dump.raw_rewards)).encode())
     for column in (dump.rollout_log_probs, dump.train_log_probs):
         for tensor in column or []:
-            digest.update(tensor.to(torch.float32).contiguous().numpy().tobytes())
+            digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
