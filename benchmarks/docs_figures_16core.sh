@@ -12,6 +12,10 @@
 # Usage: FIGURES="overview offpolicy-k4" bash benchmarks/docs_figures_16core.sh OUT   (run from the repository root)
 # A smoke test: FIGURES=overview EXTRA="--seeds 230 --steps 2" JOBS=2 bash benchmarks/docs_figures_16core.sh OUT
 set -euo pipefail
+case "${1:-}" in  # --help: the header above; an option where OUT belongs: refused before any work
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "benchmarks/docs_figures_16core.sh: OUT must be a folder, not the option $1 (--help for the usage)" >&2; exit 2 ;;
+esac
 OUT=${1:?usage: bash benchmarks/docs_figures_16core.sh OUT}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-16}

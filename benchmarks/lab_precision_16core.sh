@@ -15,6 +15,10 @@
 # Needs python3 with torch, numpy, matplotlib and PyYAML; run from the repository root (PYTHONPATH=. is set here).
 # A smoke test: STEPS=2 FLOOR_SEEDS="150 151" DISCOVERY=150 UNSEEN=151 JOBS=2 bash benchmarks/lab_precision_16core.sh OUT
 set -euo pipefail
+case "${1:-}" in  # --help: the header above; an option where OUT belongs: refused before any work
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "benchmarks/lab_precision_16core.sh: OUT must be a folder, not the option $1 (--help for the usage)" >&2; exit 2 ;;
+esac
 OUT=${1:?usage: bash benchmarks/lab_precision_16core.sh OUT}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-16}
