@@ -216,8 +216,7 @@ class LagrangeController:
         highest = s.eps_auto_factor * SIGNAL_MAX[s.signal]
         if state["eps"] is not None and state["eps"] > max(highest, saved_setting if saved_setting != "auto" else 0):
             raise StateError(f"{where}.eps: {state['eps']:g} is above {highest:.4g}, the most the guards can lift eps "
-                             f"to "
-                             f"(eps_auto_factor x the largest C_bar of signal {s.signal}): the file was edited")
+                             f"to (eps_auto_factor x the largest C_bar of signal {s.signal}): the file was edited")
         if floor is not None and floor != statistics.median(state["observed"]):
             raise StateError(f"{where}.floor: {floor:g} is not the median {statistics.median(state['observed']):g} of "
                              "the observed C_bar it was measured from: the file was edited")
