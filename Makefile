@@ -51,7 +51,7 @@ test-verl: $(VERL_STAMP)  ## run only the verl adapter's tests, against the real
 	MISMATCH_CTRL_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q tests/verl
 
 demo: $(STAMP)  ## run the CPU lab comparison on the tiny MoE policy (one seed); report and plots in $(OUT)
-	$(PY) -m mismatch_ctrl lab --out $(OUT)
+	$(PY) -m mismatch_ctrl lab --preset demo --out $(OUT)
 
 bench: $(STAMP)  ## core time vs a Python loop and one elementwise pass; hook ops, collectives and time; GPU syncs and time, and a fused correction's (with CUDA)
 	$(PY) benchmarks/bench_core.py

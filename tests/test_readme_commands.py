@@ -7,9 +7,10 @@ What runs and what is only resolved:
 - ``mismatch-ctrl lab ...``: **resolved only**, because the shortest real run takes longer than ~20 s on 2 cores (the
   engine ladder: 42 s; ``--steps 40 --dump-details``: ~20 s with a cached warm-up, ~30 s without): each parses and
   resolves to the runs it would train (presets, methods, engines, seeds); each that trains names an explicit
-  ``--out`` other than the default ``runs/lab`` (except ``make demo``'s own ``mismatch-ctrl lab --out runs/lab``),
-  so it never lands among the demo's runs and is refused there; commands sharing an ``--out`` share its settings
-  (``lab`` refuses an ``--out`` holding runs made with other settings).
+  ``--out`` other than the default ``runs/lab`` (except ``make demo``'s own
+  ``mismatch-ctrl lab --preset demo --out runs/lab``), so it never lands among the demo's runs and is refused
+  there; commands sharing an ``--out`` share its settings (``lab`` refuses an ``--out`` holding runs made with other
+  settings).
 - ``mismatch-ctrl lab compare ...``: **resolved only**: it parses, every directory it compares is the ``--out`` of a
   lab command the documents show, and directories it pools share their settings unless it says ``--across-settings``.
 - ``mismatch-ctrl analyze ...``: **resolved only** (its input is a lab run's dump): it parses, and each analyze of a
@@ -44,8 +45,9 @@ SOURCE_TREE_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str
 device machine's python3, which runs the suite from the source tree, does not)."""
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PLACEHOLDERS = {"DIR", "DIR...", "P", "Q", "LR", "N", "...", "my.yaml", "[--json]", "METHOD", "FILE", "D"}
-DEMO = ["lab", "--out", "runs/lab"]
-"""``make demo``'s own command (the Makefile's ``mismatch-ctrl lab --out $(OUT)``), the one allowed on runs/lab."""
+DEMO = ["lab", "--preset", "demo", "--out", "runs/lab"]
+"""``make demo``'s own command (the Makefile's ``mismatch-ctrl lab --preset demo --out $(OUT)``), the one allowed on
+runs/lab; the Makefile's demo target is this command (tested below)."""
 
 
 def _rel(path: Path) -> str:
@@ -218,6 +220,12 @@ def test_each_benchmark_command_uses_the_venv_and_its_flags_parse(path, interpre
     parsed = subprocess.run([sys.executable, str(script), *args[1:], "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120, env=SOURCE_TREE_ENV)
     assert parsed.returncode == 0, f"{_rel(path)}: {' '.join(args)}: {parsed.stderr[-500:]}"
+
+
+def test_the_makefiles_demo_is_the_demo_command_the_documents_exempt():
+    recipe = re.search(r"^demo:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+    assert shlex.split(recipe)[3:] == DEMO[:-1] + ["$(OUT)"], recipe
+    assert re.search(r"^OUT \?= runs/lab$", (ROOT / "Makefile").read_text(), flags=re.M)
 
 
 def test_each_make_target_and_launcher_shown_exists():

@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..formatting import shell_command
 
 if TYPE_CHECKING:
+    from ..lab.sweeps.run import LabResult
     from ..lab.training.methods import RunSpec
     from ..lab.training.settings import LabSettings
 
@@ -52,9 +53,22 @@ def _training_options(ns: argparse.Namespace) -> list[str]:
     return given + ["--dump-details"] * ns.dump_details + ["--ray-address"] * (ns.ray_address is not None)
 
 
+def _print_tables(result: LabResult) -> None:
+    """The closing tables of a lab run (``run_lab`` / ``rewrite_report``'s result): the summary, what the mismatch
+    and the controllers did, where the report and plots are, and which runs had nothing to compare against."""
+    from ..lab.results.console import mechanism_table, summary_table
+
+    mechanisms = mechanism_table(result.table)
+    print(summary_table(result.table))
+    if mechanisms:
+        print("\nwhat the mismatch and the controllers did (means over the rollouts and seeds; report.md explains "
+              f"each column):\n{mechanisms}")
+    print(f"\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
+    _not_compared(result.missing)
+
+
 def lab_command(ns: argparse.Namespace) -> int:
     from ..lab.sweeps.executors import LocalExecutor, RayExecutor
-    from ..lab.results.console import summary_table
     from ..lab.sweeps.run import SweepInterrupted, rewrite_report, run_lab
     from ..lab.sweeps.sweep import SweepError
 
@@ -71,8 +85,7 @@ def lab_command(ns: argparse.Namespace) -> int:
             return 2
         except OSError as exc:
             return _unwritable(exc, ns.out, "free space or make --out writable")
-        print(f"{summary_table(result.table)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
-        _not_compared(result.missing)
+        _print_tables(result)
         return 0
     try:
         runs, settings, seeds = lab_plan(ns)
@@ -92,8 +105,8 @@ def lab_command(ns: argparse.Namespace) -> int:
         return 130
     except OSError as exc:
         return _unwritable(exc, ns.out, "free space or choose a writable --out / --cache-dir")
-    print(f"\n{summary_table(result.table)}\n\nreport: {result.report}\nplots:  {result.plots[0].parent}/")
-    _not_compared(result.missing)
+    print()
+    _print_tables(result)
     return 0
 
 

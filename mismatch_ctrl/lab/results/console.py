@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from ...formatting import count_and_values, fmt
+from .controllers import controller_row
 from .pooling import POOLED, InteractionRow, VersusRow, against_name
 from .stats import Spread
 from .table import Run, RunTable
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def summary_table(table: RunTable) -> str:
@@ -16,13 +25,53 @@ def summary_table(table: RunTable) -> str:
     lines = [header]
     for label, runs in table.groups().items():
         def mean(key: str, runs: list[Run] = runs) -> str:
-            values = [run.value(key) for run in runs if run.value(key) is not None]
-            return fmt(sum(values) / len(values)) if values else "-"
+            return fmt(_mean([run.value(key) for run in runs]))
 
         collapsed = sum(run.value("collapse_step") is not None for run in runs)
         lines.append((label, count_and_values([run.seed for run in runs]), mean("late_acc_engine"), mean("late_reward"),
                       mean("discrepancy_mean"), f"{collapsed}/{len(runs)}"))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return _aligned(lines)
+
+
+def mechanism_table(table: RunTable) -> str:
+    """What the mismatch and the controllers did, one line per run label, means over its seeds: the share of response
+    tokens whose expert set flipped between engine and trainer, how many times more discrepancy a flipped token
+    carries than an unflipped one (mean |p_train - p_rollout| of each), DC-GRPO's eps at the first -> last rollout,
+    its multiplier's peak and its penalty's share of the advantage (mean |lambda c| / |A|), and what a rollout
+    correction did: the share of token weights clipped at the upper bound (TIS) and of sequences rejected (the
+    rejection presets); ``-`` where a run does not have it. Empty when no run flipped a token or ran DC-GRPO."""
+    header = ("run", "routing flips", "flipped / unflipped", "eps first -> last", "lambda peak", "penalty share",
+              "clipped", "rejected")
+    lines = [header]
+    for label, runs in table.groups().items():
+        rows = [controller_row(run.records) for run in runs]
+        ratios = [run.value("discrepancy_flipped") / run.value("discrepancy_unflipped") for run in runs
+                  if run.value("discrepancy_flipped") is not None and run.value("discrepancy_unflipped")]
+        flips = _mean([run.value("routing_flip_fraction") for run in runs])
+        eps = [_mean([row[key] for row in rows]) for key in ("eps_start", "eps_end")]
+        ratio = _mean(ratios)
+        lines.append((label, fmt(flips), "-" if ratio is None else f"{ratio:.1f}x",
+                      "-" if None in eps else f"{fmt(eps[0])} -> {fmt(eps[1])}",
+                      fmt(_mean([row["lambda_peak"] for row in rows])),
+                      fmt(_mean([row["penalty_share"] for row in rows])),
+                      *(fmt(_mean([_record_mean(run.records, key) for run in runs])) for key in CORRECTION_KEYS)))
+    if all(line[1] in ("-", fmt(0.0)) and line[3] == "-" for line in lines[1:]):
+        return ""
+    return _aligned(lines)
+
+
+CORRECTION_KEYS = ("train/mismatch_ctrl/is_clip_high_fraction", "train/mismatch_ctrl/rejected_seq_fraction")
+"""The correction hook's metrics behind the mechanism table's last two columns (docs/metrics.md)."""
+
+
+def _record_mean(records: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over a run's rollouts that logged it; None when none did."""
+    return _mean([record.get(key) for record in records])
+
+
+def _aligned(lines: list[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell: the first left-aligned, the others right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
                                enumerate(zip(line, widths))).rstrip() for line in lines)
 
