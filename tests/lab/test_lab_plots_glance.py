@@ -232,3 +232,32 @@ def test_the_collapsed_seeds_are_a_table_with_every_count(tmp_path, saved):
     assert not ax.get_lines() and "nested" not in ax.get_title()
     colours = {t.get_text(): to_hex(t.get_color()) for t in ax.get_yticklabels()}
     assert colours == {line: style.colour(style.parse(line)[0]) for line in FRONTIER_LINES}
+
+
+def _cielab(colour: str) -> tuple[float, float, float]:
+    """sRGB hex -> CIE L*a*b* (D65), written out from the CIE formulas."""
+    rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    xyz = ((0.4124 * lin[0] + 0.3576 * lin[1] + 0.1805 * lin[2]) / 0.95047,
+           0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2],
+           (0.0193 * lin[0] + 0.1192 * lin[1] + 0.9505 * lin[2]) / 1.08883)
+    f = [t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116 for t in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+@pytest.mark.parametrize("preset", sorted(LAB_PRESETS))
+def test_the_methods_of_a_preset_have_colours_told_apart_at_a_glance(preset):
+    """Two methods drawn together differ by a CIE76 colour difference of at least 20 (about where two line colours
+    stop being mistaken for one; surge-compare once drew length decay and its Geo-RS 7 apart, pink beside pink)."""
+    methods = {label.split("@")[0].removesuffix("+r3")
+               for label in LAB_PRESETS[preset].get("methods", LAB_DEFAULTS["methods"]).split(",")}
+    for a, b in itertools.combinations(sorted(methods), 2):
+        difference = sum((p - q) ** 2 for p, q in zip(_cielab(style.colour(a)), _cielab(style.colour(b)))) ** 0.5
+        assert difference >= 20, (preset, a, b, round(difference, 1))
+
+
+def test_the_colour_difference_is_the_cie_one():
+    """Reference points: white L* 100, black 0, sRGB red's L*a*b* (53.2, 80.1, 67.2)."""
+    assert _cielab("#ffffff") == pytest.approx((100, 0, 0), abs=0.05)
+    assert _cielab("#000000") == pytest.approx((0, 0, 0), abs=0.05)
+    assert _cielab("#ff0000") == pytest.approx((53.24, 80.09, 67.20), abs=0.1)

@@ -40,7 +40,7 @@ METHODS: dict[str, tuple[str, str]] = {
     "dcgrpo_length_decay": ("#ff7f0e", "p"),
     "dcgrpo_paper": ("#843c39", "s"),
     "geo_rs_e4m3": ("#7b4173", "v"),
-    "geo_rs_e5m2": ("#a55194", "<"),
+    "geo_rs_e5m2": ("#54278f", "<"),
     "dcgrpo_floor_guard": ("#393b79", ">"),
     "dcgrpo_drift": ("#637939", "d"),
     "dcgrpo_drift_skip": ("#8c6d31", "*"),
@@ -52,7 +52,7 @@ METHODS: dict[str, tuple[str, str]] = {
     "dcgrpo_tight_noguard": ("#666666", "X"),
     "dcgrpo_tight_guard": ("#8ca252", "h"),
     "dcgrpo_centered": ("#ad494a", "p"),
-    "geo_rs_nvfp4": ("#ce6dbd", ">"),
+    "geo_rs_nvfp4": ("#3f007d", ">"),
     "grpo_lr_half": ("#6baed6", "o"),
 }
 """Method -> (colour, marker) of every method the lab ships; the order is the frontier's legend order."""
