@@ -33,6 +33,10 @@ def summary_table(table: RunTable) -> str:
     return _aligned(lines)
 
 
+CORRECTION_KEYS = ("train/mismatch_ctrl/is_clip_high_fraction", "train/mismatch_ctrl/rejected_seq_fraction")
+"""The correction hook's metrics behind the mechanism table's last two columns (docs/metrics.md)."""
+
+
 def mechanism_table(table: RunTable) -> str:
     """What the mismatch and the controllers did, one line per run label, means over its seeds: the share of response
     tokens whose expert set flipped between engine and trainer, how many times more discrepancy a flipped token
@@ -42,7 +46,7 @@ def mechanism_table(table: RunTable) -> str:
     rejection presets); ``-`` where a run does not have it. Empty when no run flipped a token or ran DC-GRPO."""
     header = ("run", "routing flips", "flipped / unflipped", "eps first -> last", "lambda peak", "penalty share",
               "clipped", "rejected")
-    lines = [header]
+    lines, shown = [header], False
     for label, runs in table.groups().items():
         rows = [controller_row(run.records) for run in runs]
         ratios = [run.value("discrepancy_flipped") / run.value("discrepancy_unflipped") for run in runs
@@ -50,18 +54,13 @@ def mechanism_table(table: RunTable) -> str:
         flips = _mean([run.value("routing_flip_fraction") for run in runs])
         eps = [_mean([row[key] for row in rows]) for key in ("eps_start", "eps_end")]
         ratio = _mean(ratios)
+        shown = shown or bool(flips) or None not in eps
         lines.append((label, fmt(flips), "-" if ratio is None else f"{ratio:.1f}x",
                       "-" if None in eps else f"{fmt(eps[0])} -> {fmt(eps[1])}",
                       fmt(_mean([row["lambda_peak"] for row in rows])),
                       fmt(_mean([row["penalty_share"] for row in rows])),
                       *(fmt(_mean([_record_mean(run.records, key) for run in runs])) for key in CORRECTION_KEYS)))
-    if all(line[1] in ("-", fmt(0.0)) and line[3] == "-" for line in lines[1:]):
-        return ""
-    return _aligned(lines)
-
-
-CORRECTION_KEYS = ("train/mismatch_ctrl/is_clip_high_fraction", "train/mismatch_ctrl/rejected_seq_fraction")
-"""The correction hook's metrics behind the mechanism table's last two columns (docs/metrics.md)."""
+    return _aligned(lines) if shown else ""
 
 
 def _record_mean(records: Sequence[Mapping[str, Any]], key: str) -> float | None:
