@@ -172,8 +172,13 @@ def test_training_estimate_from_the_measured_cost_per_rollout():
 
     line = training_estimate("digitsum", "moe", 140 * 100, 140, 16)
     assert line is not None and "140 runs" in line and "16 jobs" in line
-    assert f"{140 * 100 * ROLLOUT_SECONDS['digitsum'] / 16 / 60:.0f} min" in line
+    low, high = (140 * 100 * seconds / 16 / 60 for seconds in ROLLOUT_SECONDS["digitsum"])
+    assert f"about {low:.0f}-{high:.0f} min with" in line  # the range the two measured CPUs give
     assert "2 jobs" in training_estimate("add", "dense", 200, 2, 8)  # never more jobs than runs
+    assert "with 1 job on" in training_estimate("add", "moe", 40, 1, 2)
+    assert "about 8-18 s with" in training_estimate("add", "moe", 40, 1, 1)  # 40 x 0.2 and 40 x 0.45
+    assert "about 40 s-2 min with" in training_estimate("add", "moe", 200, 1, 1)  # 40 s and 90 s: two units
+    assert "about 1.5-3.4 h with" in training_estimate("add", "moe", 27000, 1, 1)
     assert training_estimate("reverse-long", "moe", 100, 1, 1) is None  # no measured cost: no line
     assert training_estimate("add", "moe-large", 100, 1, 1) is None
     assert training_estimate("add", "moe", 0, 0, 2) is None

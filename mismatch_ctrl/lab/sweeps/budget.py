@@ -63,19 +63,30 @@ def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
             "before the first run starts. Ctrl-C now to choose fewer seeds; each finished warm-up is cached")
 
 
-ROLLOUT_SECONDS: dict[str, float] = {"add": 0.2, "reverse": 2.0, "digitsum": 0.5}
-"""Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task, on this
-project's reference 2-core machine when idle: ``add`` and ``reverse`` from docs/lab.md and the ``reverse-e5m2``
-preset; ``digitsum`` an estimate (~2.5x ``add``, for 2-3x its decoding steps after the surge, ~10-token
-answers; the project's machine was too loaded to time it, docs/lab-surge.md)."""
+ROLLOUT_SECONDS: dict[str, tuple[float, float]] = {"add": (0.2, 0.45), "reverse": (2.0, 4.5), "digitsum": (0.25, 0.6)}
+"""Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task, on the two
+2-core machines this project has measured idle: the faster (2026-11-26: ``add`` from docs/lab.md, ``reverse`` from
+the ``reverse-e5m2`` preset) and the slower (2026-11-28, a 2.45 GHz AMD EPYC: ``add`` 0.43-0.45 s for one run alone
+and 0.35-0.45 s with two at once in ``make demo``, ``reverse`` and ``digitsum`` timed the same way, docs/times.md).
+The same code ran at the same speed on both days' commits on the slower machine: the spread is the CPU's."""
 
 
 def training_estimate(task: str, policy: str, rollouts: int, runs: int, jobs: int) -> str | None:
     """A line estimating the training time of ``runs`` runs of ``rollouts`` rollouts in all, ``jobs`` at a time, from
-    :data:`ROLLOUT_SECONDS`; None for a task or policy without a measured cost."""
+    :data:`ROLLOUT_SECONDS` (a range: the faster and the slower machine measured); None for a task or policy without a
+    measured cost."""
     if task not in ROLLOUT_SECONDS or policy not in ("moe", "dense") or not runs:
         return None
-    seconds = rollouts * ROLLOUT_SECONDS[task] / max(1, min(jobs, runs))
-    return (f"estimate: {runs} runs, {rollouts} rollouts in all, ~{ROLLOUT_SECONDS[task]:g} core-s each: about "
-            f"{_duration(seconds)} with {min(jobs, runs)} jobs on idle cores (a loaded machine takes longer), "
-            "warm-ups aside")
+    workers = max(1, min(jobs, runs))
+    low, high = (rollouts * seconds / workers for seconds in ROLLOUT_SECONDS[task])
+    return (f"estimate: {runs} runs, {rollouts} rollouts in all at ~{ROLLOUT_SECONDS[task][0]:g}-"
+            f"{ROLLOUT_SECONDS[task][1]:g} core-s each (CPUs differ): about {_span(low, high)} with {workers} "
+            f"{'job' if workers == 1 else 'jobs'} on idle cores, warm-ups aside; the progress lines give this "
+            "machine's ETA")
+
+
+def _span(low: float, high: float) -> str:
+    """``low`` to ``high`` seconds as one phrase: "4-9 min", "1.2-2.7 h", "40 s-2 min"."""
+    first, second = _duration(low), _duration(high)
+    unit_low, unit_high = first.split()[1], second.split()[1]
+    return f"{first.split()[0]}-{second}" if unit_low == unit_high else f"{first}-{second}"

@@ -58,18 +58,17 @@ collapsed 3 of the 6 runs on one machine and none on another; the replays that c
 comparison). ``e5m2-edge``: the setting of the
 research grid closest to an FP8 harm on the add task - the coarser e5m2 engine at the learning rate where training
 turns unstable - with every controller, 5 seeds. ``reverse-e5m2``: the long-answer task (32-64 tokens) on the e5m2
-engine, 5 seeds (~2 s per rollout: about 45 minutes on 2 cores, warm-ups included).
+engine, 5 seeds.
 
 ``frontier``: the dose-response frontier on the add task: the exact engine (``grpo@none``) and 7 methods (GRPO, token
 TIS, IcePop, Geo-RS, GRPO + R3, DC-GRPO, length decay) on 6 engines ordered by measured mismatch (``temp1.003``,
 ``e4m3``, ``e5m2``, ``int4``, ``nvfp4``, ``temp1.3``; on the warmed-up MoE, 4 rollouts: ``C_bar`` from ~6e-4 to
-~0.05, ``k3_kl`` over ~4 decades), 5 seeds: 43 runs per seed, 215 runs of 120 rollouts. A full run took 37 min on
-2 cores (sized from per-rollout times: ~0.2 core-s per rollout with its evaluations, the FP4 engines ~1.4x an e4m3
-rollout, ``benchmarks/lab_rollouts.py``); a machine under load takes longer.
+~0.05, ``k3_kl`` over ~4 decades), 5 seeds: 43 runs per seed, 215 runs of 120 rollouts (the FP4 engines' rollouts
+cost ~1.4x an e4m3 rollout, ``benchmarks/lab_rollouts.py``). The presets' times: docs/times.md.
 
 ``offpolicy``: off-policy updates, K = 4 optimizer steps per rollout (steps 2-4 train on a rollout the policy has
 moved away from), GRPO with and without R3 and token TIS on the e4m3 and NVFP4 engines and the exact engine, 10
-seeds (70 runs, ~25 min on 2 cores); rerun with ``--num-steps-per-rollout 1`` into another ``--out`` for the
+seeds (70 runs); rerun with ``--num-steps-per-rollout 1`` into another ``--out`` for the
 on-policy baseline and compare the two with ``mismatch-ctrl lab compare --pairs``.
 
 ``gpu-moe``: the CPU lab's off-policy finding at 50x the parameters, for one GPU (``--device auto`` runs the
