@@ -5,8 +5,10 @@
 #   overview      docs/lab-overview.png   = OUT of `lab --preset demo-seeds` + `--methods dcgrpo_floor_guard` (lab.md)
 #   offpolicy-k4  docs/lab-offpolicy-k4.png = plots/frontier.png of `lab --preset offpolicy` (lab-offpolicy.md)
 #   frontier      docs/lab-frontier.png   = plots/frontier.png of `lab --preset frontier` (lab-frontier.md)
-# Sizes from the pages' 2-core times: overview ~11 min, offpolicy ~25 min, frontier 37 min on 2 cores, so about 1.5,
-# 3.5 and 5 minutes on 16 (estimates); the default FIGURES="overview offpolicy-k4" fits one 9-minute command.
+# Sizes: the 2-core times of these presets are in docs/times.md (the CPU decides: 2026-11-28's took up to 2.2x as
+# long as 2026-11-26's). The 16-core minutes are estimates, those 2-core times divided by 8 (16 cores, not 2): about
+# 1.5-3.5 (overview), 3-5 (offpolicy-k4) and 5-10 (frontier); the default FIGURES="overview offpolicy-k4" should fit
+# one 9-minute command, with little to spare on a CPU as slow as 2026-11-28's.
 # OUT receives per figure its PNG (named as in docs/), report.md and summary.json (a device machine returns at most
 # 8 files), and log.txt.
 # Usage: FIGURES="overview offpolicy-k4" bash benchmarks/docs_figures_16core.sh OUT   (run from the repository root)
