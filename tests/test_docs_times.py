@@ -9,27 +9,8 @@ from mismatch_ctrl.lab.sweeps.options import LAB_PRESETS
 from test_docs_consistency import (ROOT, TIMES_OK, TIMES_PAGE, _tree, command_key, header_statements,
                                    time_conflicts, time_statements)
 
-DOCS_TO_FIX = (
-    "benchmarks/docs_figures_16core.sh: the time of `--preset demo-seeds`",
-    "benchmarks/docs_figures_16core.sh: the time of `--preset offpolicy`",
-    "benchmarks/docs_figures_16core.sh: the time of `--preset frontier`",
-    "docs/lab-offpolicy.md: the time of `--preset gpu-moe`",
-    "docs/performance.md: the time of `--preset gpu-moe`",
-    "`mismatch-ctrl lab --preset demo-seeds --methods dcgrpo_floor_guard` has its time on 2 pages",
-)
-"""What the rules found in the docs on 2026-11-28 when they learned to read prose next to code blocks, asides,
-option spans and the benchmarks' headers: left for the docs' owners, not fixed with the test. Each fixed one is
-removed from here; a new one fails :func:`test_each_command_has_its_time_on_one_page` at once."""
-
-
 # --- this checkout ---------------------------------------------------------------------------------------------------
 
-def test_each_command_has_its_time_on_one_page():
-    assert [p for p in time_conflicts(ROOT) if not p.startswith(DOCS_TO_FIX)] == []
-
-
-@pytest.mark.xfail(strict=True, reason="the docs still state the times of DOCS_TO_FIX twice: fix them (docs/times.md "
-                                       "is the one place), then empty DOCS_TO_FIX and remove this mark")
 def test_the_docs_state_no_time_twice():
     assert time_conflicts(ROOT) == []
 

@@ -64,11 +64,12 @@ def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
 
 
 ROLLOUT_SECONDS: dict[str, tuple[float, float]] = {"add": (0.2, 0.45), "reverse": (2.0, 4.5), "digitsum": (0.25, 0.6)}
-"""Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task, on the two
-2-core machines this project has measured idle: the faster (2026-11-26: ``add`` from docs/lab.md, ``reverse`` from
-the ``reverse-e5m2`` preset) and the slower (2026-11-28, a 2.45 GHz AMD EPYC: ``add`` 0.43-0.45 s for one run alone
-and 0.35-0.45 s with two at once in ``make demo``, ``reverse`` and ``digitsum`` timed the same way, docs/times.md).
-The same code ran at the same speed on both days' commits on the slower machine: the spread is the CPU's."""
+"""Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task: (the faster,
+the slower) of the two 2-core machines this project has measured idle. The faster (2026-11-26): ``add`` from
+docs/lab.md, ``reverse`` from the ``reverse-e5m2`` preset, ``digitsum`` ~1.25x ``add`` (est.). The slower
+(2026-11-28, a 2.45 GHz AMD EPYC): ``add`` 0.43-0.45 s for one run alone and 0.35-0.45 s with two at once in
+``make demo``; ``digitsum`` DIGITSUM_MEASURED; ``reverse`` 2.25x the faster machine's, as ``add`` (not measured there).
+Commits of both days ran the same 40 rollouts in 17 s and 18 s on the slower machine: the spread is the CPU's."""
 
 
 def training_estimate(task: str, policy: str, rollouts: int, runs: int, jobs: int) -> str | None:
