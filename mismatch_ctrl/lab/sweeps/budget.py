@@ -3,8 +3,9 @@
 Each seed has its own warm-up (cached on disk once trained), and the warmed-up policy of every seed with runs to train
 is held in memory until the runs are handed out. Time per warm-up step grows with the policy's parameters, the batch
 and the sequence length (prompt + longest answer); ``SECONDS_PER_UNIT`` is that product's cost on one thread of this
-project's reference CPU (the ``add`` preset on the MoE policy: ~10 s for ~200 steps), a rough figure that the
-``reverse`` preset meets within ~20% (~1.5 min). A warm-up trains between ``steps`` and ``max_steps`` steps.
+project's faster reference CPU (the ``add`` preset on the MoE policy: ~10 s for ~200 steps), a rough figure that the
+``reverse`` preset meets within ~20% (~1.5 min); the slower CPU measured takes ``CPU_SPREAD`` times as long. A
+warm-up trains between ``steps`` and ``max_steps`` steps.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from ..model.warmup import WarmupConfig
 from .sweep import SweepError
 
 SECONDS_PER_UNIT = 2.2e-10
-"""Seconds of one warm-up step per parameter x example x token (see the module docstring)."""
+"""Seconds of one warm-up step per parameter x example x token on the faster CPU (see the module docstring)."""
+CPU_SPREAD = 2.25
+"""How much longer the lab's work takes on the slower of the two 2-core CPUs measured (2026-11-28) than on the faster
+(2026-11-26): an ``add`` rollout 0.45 against 0.2 core-s (:data:`ROLLOUT_SECONDS`, docs/times.md)."""
 SHOW_ABOVE_SECONDS = 600.0
 """Warm-ups expected to take longer than this in all are announced with their estimate before they start."""
 MEMORY_SHARE = 0.5
@@ -56,19 +60,22 @@ def check_warmups(base: WarmupConfig, uncached: list[int], training: list[int],
                          f"{available / 1e9:.1f} GB available. Train at most ~{share} seeds per command into the same "
                          "--out (the sweep keeps the finished runs and trains only the missing ones)")
     per_step = SECONDS_PER_UNIT * parameters * base.batch_size * (task.prompt_len + task.max_response_len)
-    low, high = len(uncached) * base.steps * per_step, len(uncached) * base.max_steps * per_step
+    low, high = len(uncached) * base.steps * per_step, len(uncached) * base.max_steps * per_step * CPU_SPREAD
     if high > SHOW_ABOVE_SECONDS:
         log(f"warm-up: {len(uncached)} of the seeds are not cached yet; their warm-ups alone take ~{_duration(low)} "
-            f"to ~{_duration(high)} on one thread (a rough estimate; {base.steps} to {base.max_steps} steps each), "
-            "before the first run starts. Ctrl-C now to choose fewer seeds; each finished warm-up is cached")
+            f"to ~{_duration(high)} on one thread (a rough estimate; {base.steps} to {base.max_steps} steps each, "
+            "CPUs differ), before the first run starts. Ctrl-C now to choose fewer seeds; each finished warm-up is "
+            "cached")
 
 
-ROLLOUT_SECONDS: dict[str, tuple[float, float]] = {"add": (0.2, 0.45), "reverse": (2.0, 4.5), "digitsum": (0.25, 0.6)}
+ROLLOUT_SECONDS: dict[str, tuple[float, float]] = {
+    "add": (0.2, 0.45), "reverse": (2.0, 2.0 * CPU_SPREAD), "digitsum": (0.6 / CPU_SPREAD, 0.6)}
 """Core-seconds of one rollout of the small policies (``moe``, ``dense``) with its evaluations, per task: (the faster,
 the slower) of the two 2-core machines this project has measured idle. The faster (2026-11-26): ``add`` from
-docs/lab.md, ``reverse`` from the ``reverse-e5m2`` preset, ``digitsum`` ~1.25x ``add`` (est.). The slower
+docs/lab.md, ``reverse`` from the ``reverse-e5m2`` preset, ``digitsum`` the slower's / ``CPU_SPREAD`` (est.). The slower
 (2026-11-28, a 2.45 GHz AMD EPYC): ``add`` 0.43-0.45 s for one run alone and 0.35-0.45 s with two at once in
-``make demo``; ``digitsum`` DIGITSUM_MEASURED; ``reverse`` 2.25x the faster machine's, as ``add`` (not measured there).
+``make demo``; ``digitsum`` 40 rollouts of one run alone in 24 s (seed 75, e4m3); ``reverse`` ``CPU_SPREAD`` x the
+faster's (not measured there). The uncached ``add`` warm-up of seed 0: 8-11 s on the faster, 17 s on the slower.
 Commits of both days ran the same 40 rollouts in 17 s and 18 s on the slower machine: the spread is the CPU's."""
 
 
