@@ -96,5 +96,5 @@ def training_estimate(task: str, policy: str, rollouts: int, runs: int, jobs: in
 def _span(low: float, high: float) -> str:
     """``low`` to ``high`` seconds as one phrase: "4-9 min", "1.2-2.7 h", "40 s-2 min"."""
     first, second = _duration(low), _duration(high)
-    unit_low, unit_high = first.split()[1], second.split()[1]
-    return f"{first.split()[0]}-{second}" if unit_low == unit_high else f"{first}-{second}"
+    number, unit = first.split()
+    return f"{number}-{second}" if second.endswith(f" {unit}") else f"{first}-{second}"
